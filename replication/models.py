@@ -117,7 +117,7 @@ def tiny_tokenizer():
 
 
 def tiny_model(seed: int = 0, hidden_size: int = 32, num_layers: int = 2):
-    """(model, tokenizer): a randomly initialised Llama of a few thousand parameters, for tests."""
+    """(model, tokenizer): a small random Llama for tests (wide init, so logits can become peaked)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config.check_int("hidden_size", hidden_size)
@@ -127,7 +127,7 @@ def tiny_model(seed: int = 0, hidden_size: int = 32, num_layers: int = 2):
         vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=512, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id, tie_word_embeddings=True, initializer_range=0.2,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).eval()

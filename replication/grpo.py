@@ -1,0 +1,242 @@
+"""GRPO and REINFORCE++ for a LoRA-adapted causal LM: advantages, the clipped loss, and the trainer.
+
+Conventions (see notebooks for the equations):
+- group advantages: A_i = (r_i - mean(r)) / (std(r) + 1e-4) within each prompt's G samples, std with
+  Bessel's correction (as TRL); a group with zero std gets A = 0; `scale_rewards=False` drops the std;
+- the KL term is the k3 estimator exp(ref - logp) - (ref - logp) - 1 against the same model with its
+  adapters disabled; with `kl_ratio_correction` (TRL's default `use_bias_correction_kl`) it is multiplied
+  by the importance ratio, which makes its gradient the unbiased reverse-KL gradient;
+- log-probs are taken of logits / temperature (the sampling distribution), for completion tokens only.
+"""
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from . import config, models, training
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo")
+ADVANTAGES = ("group", "reinforce++")
+
+
+@dataclass
+class GRPOConfig:
+    """Settings of a GRPO / REINFORCE++ run; `validate()` names any bad value."""
+
+    num_generations: int = 8          # G samples per prompt
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta: float = 0.04                # KL coefficient
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    loss_type: str = "grpo"           # grpo | bnpo | dr_grpo
+    scale_rewards: bool = True
+    advantage: str = "group"          # group (GRPO) | reinforce++ (whitened per metadata["group"], or whole batch)
+    num_iterations: int = 1           # updates per generation batch (old log-probs stored)
+    grad_accum_steps: int = 1         # micro-batches per optimizer step
+    max_grad_norm: float = 1.0
+    kl_ratio_correction: bool = True
+    seed: int = 0
+    save_every: int = 10
+    system: str = None
+
+    def validate(self) -> "GRPOConfig":
+        config.check_choice("advantage", self.advantage, ADVANTAGES)
+        # group advantages need G >= 2 samples per prompt
+        config.check_int("num_generations", self.num_generations, minimum=2 if self.advantage == "group" else 1)
+        for name in ("max_new_tokens", "num_iterations", "grad_accum_steps"):
+            config.check_int(name, getattr(self, name))
+        config.check_int("save_every", self.save_every, minimum=0)
+        config.check_int("seed", self.seed, minimum=0)
+        if not isinstance(self.beta, (int, float)) or self.beta < 0:
+            raise ValueError(f"beta={self.beta!r} is not allowed; the KL coefficient must be >= 0")
+        for name in ("epsilon_low", "epsilon_high"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not 0 < v < 1:
+                raise ValueError(f"{name}={v!r} is not allowed; it must lie in (0, 1)")
+        config.check_choice("loss_type", self.loss_type, LOSS_TYPES)
+        config.check_range("temperature", self.temperature, 1e-6, 10.0)
+        config.check_range("lr", self.lr, 0.0, 1.0)
+        return self
+
+
+def group_advantages(rewards: torch.Tensor, G: int, scale: bool = True, eps: float = 1e-4):
+    """GRPO advantages within groups of G consecutive samples; also which samples sit in a zero-std group."""
+    r = rewards.view(-1, G)
+    std = r.std(1, keepdim=True)
+    adv = r - r.mean(1, keepdim=True)
+    if scale:
+        adv = adv / (std + eps)
+    zero = torch.isclose(std, torch.zeros_like(std)).expand_as(r)
+    return adv.reshape(-1), zero.reshape(-1)
+
+
+def reinforce_pp_advantages(rewards, mask, groups=None, token_kl=None, kl_coef: float = 0.0, eps: float = 1e-8):
+    """REINFORCE++: per-token returns (gamma = 1) of the outcome reward minus kl_coef * KL per token,
+    whitened (token-weighted mean and variance) over the batch, or within each group label
+    (Task-Relative REINFORCE++ whitens each role's batch separately). Shape (B, T)."""
+    mask = mask.float()
+    token_rewards = torch.zeros_like(mask)
+    if token_kl is not None:
+        token_rewards = token_rewards - kl_coef * token_kl * mask
+    last = (mask.sum(1) - 1).clamp(min=0).long()
+    token_rewards[torch.arange(len(rewards)), last] += rewards
+    returns = token_rewards.flip(1).cumsum(1).flip(1) * mask
+    labels = list(groups) if groups is not None else [0] * len(rewards)
+    adv = torch.zeros_like(returns)
+    for g in dict.fromkeys(labels):
+        idx = torch.tensor([i for i, x in enumerate(labels) if x == g])
+        x, m = returns[idx], mask[idx]
+        mean = (x * m).sum() / m.sum().clamp(min=1.0)
+        var = ((x - mean) ** 2 * m).sum() / m.sum().clamp(min=1.0)
+        adv[idx] = (x - mean) * torch.rsqrt(var + eps) * m
+    return adv
+
+
+def grpo_loss(logps, old_logps, ref_logps, advantages, mask, beta: float = 0.04, epsilon_low: float = 0.2,
+              epsilon_high: float = 0.2, loss_type: str = "grpo", max_completion_length: int = None,
+              kl_ratio_correction: bool = True):
+    """PPO-clipped surrogate plus beta * k3 KL, aggregated as grpo / bnpo / dr_grpo. Returns (loss, stats)."""
+    mask = mask.float()
+    adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
+    ratio = torch.exp(logps - old_logps)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token = -torch.min(ratio * adv, clipped * adv)
+    kl = torch.zeros_like(logps)
+    if beta != 0.0:
+        delta = ref_logps - logps
+        kl = torch.exp(delta) - delta - 1
+        if kl_ratio_correction:
+            kl = kl * ratio
+        per_token = per_token + beta * kl
+    if loss_type == "grpo":
+        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1.0)).mean()
+    elif loss_type == "bnpo":
+        loss = (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    elif loss_type == "dr_grpo":
+        if not max_completion_length:
+            raise ValueError("max_completion_length is required for loss_type='dr_grpo'")
+        loss = (per_token * mask).sum() / (per_token.size(0) * max_completion_length)
+    else:
+        raise ValueError(f"loss_type={loss_type!r} is not allowed; choose one of {', '.join(LOSS_TYPES)}")
+    n, kl = mask.sum().clamp(min=1.0), kl.detach()
+    is_clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
+    stats = {"kl": float((kl * mask).sum() / n), "clip_frac": float((is_clipped.float() * mask).sum() / n)}
+    return loss, stats
+
+
+class GRPOTrainer:
+    """Samples G completions per prompt, scores them, and updates the active LoRA adapter."""
+
+    def __init__(self, model, tok, reward_fn, cfg: GRPOConfig):
+        self.model, self.tok, self.reward_fn, self.cfg = model, tok, reward_fn, cfg.validate()
+        params = list(training.trainable(model).values())
+        if not params:
+            raise ValueError("model has no trainable parameters; attach a LoRA adapter with models.add_lora")
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.timer = training.Timer()
+
+    def rollout(self, prompts, metadata=None):
+        """Generate, reward and compute advantages (and stored old / reference log-probs) for one batch."""
+        cfg, G = self.cfg, self.cfg.num_generations
+        metadata = metadata or [{} for _ in prompts]
+        texts = models.chat_prompts(self.tok, prompts, cfg.system)
+        rep = lambda xs: [x for x in xs for _ in range(G)]  # noqa: E731
+        self.model.eval()
+        with self.timer("generation"):
+            p_ids, p_mask, c_ids, c_mask = training.sample(self.model, self.tok, rep(texts), cfg.max_new_tokens,
+                                                           cfg.temperature, cfg.top_p)
+        completions = [self.tok.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(c_ids, c_mask)]
+        with self.timer("reward"):
+            rewards = torch.tensor(self.reward_fn(rep(prompts), completions, rep(metadata)), dtype=torch.float32)
+        if rewards.shape != (len(completions),):
+            raise ValueError(f"reward_fn returned {tuple(rewards.shape)} rewards for {len(completions)} completions")
+        batch = {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask,
+                 "rewards": rewards, "completions": completions, "old_logps": None, "ref_logps": None}
+        with torch.no_grad(), self.timer("scoring"):
+            if cfg.num_iterations > 1:
+                batch["old_logps"] = self._logps(batch)
+            if cfg.beta > 0:
+                with self.model.disable_adapter():
+                    batch["ref_logps"] = self._logps(batch)
+        _, zero = group_advantages(rewards, G) if G > 1 else (None, torch.zeros_like(rewards, dtype=torch.bool))
+        if cfg.advantage == "group":
+            batch["advantages"], _ = group_advantages(rewards, G, cfg.scale_rewards)
+        else:
+            groups = [m.get("group", 0) for m in rep(metadata)]
+            batch["advantages"] = reinforce_pp_advantages(rewards, c_mask, groups)
+        batch["zero_std"] = zero
+        return batch
+
+    def _logps(self, batch, rows=slice(None)):
+        """Completion log-probs of the batch's rows under the model as it is now."""
+        return training.completion_logps(self.model, batch["prompt_ids"][rows], batch["prompt_mask"][rows],
+                                         batch["completion_ids"][rows], batch["completion_mask"][rows],
+                                         self.cfg.temperature)
+
+    def update(self, batch) -> dict:
+        """num_iterations optimizer steps on one generation batch, each over grad_accum_steps micro-batches."""
+        cfg = self.cfg
+        self.model.train()
+        chunks = torch.arange(len(batch["rewards"])).chunk(cfg.grad_accum_steps)
+        out = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
+        for _ in range(cfg.num_iterations):
+            for rows in chunks:
+                with self.timer("backward"):
+                    logps = self._logps(batch, rows)
+                    old = logps.detach() if batch["old_logps"] is None else batch["old_logps"][rows]
+                    ref = None if batch["ref_logps"] is None else batch["ref_logps"][rows]
+                    loss, stats = grpo_loss(logps, old, ref, batch["advantages"][rows], batch["completion_mask"][rows],
+                                            cfg.beta, cfg.epsilon_low, cfg.epsilon_high, cfg.loss_type,
+                                            cfg.max_new_tokens, cfg.kl_ratio_correction)
+                    (loss / len(chunks)).backward()
+                w = 1 / (len(chunks) * cfg.num_iterations)
+                out["loss"] += float(loss.detach()) * w
+                out["kl"] += stats["kl"] * w
+                out["clip_frac"] += stats["clip_frac"] * w
+            with self.timer("backward"):
+                norm = torch.nn.utils.clip_grad_norm_(training.trainable(self.model).values(), cfg.max_grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            out["grad_norm"] += float(norm) / cfg.num_iterations
+        self.model.eval()
+        return out
+
+    def step(self, prompts, metadata=None, step: int = 0) -> dict:
+        """One full GRPO step (generation, scoring, update) with a seed fixed by (seed, step)."""
+        torch.manual_seed(self.cfg.seed * 1_000_003 + step)
+        self.timer.seconds.clear()
+        batch = self.rollout(prompts, metadata)
+        stats = self.update(batch)
+        tokens = int(batch["completion_mask"].sum())
+        wall = sum(self.timer.seconds.values())
+        r = batch["rewards"]
+        return {"step": step, "reward_mean": float(r.mean()), "reward_std": float(r.std()),
+                "zero_std_frac": float(batch["zero_std"].float().mean()), **stats,
+                "completion_len": tokens / len(r), "tokens_per_s": tokens / max(wall, 1e-9), "wall_s": wall,
+                **{f"{k}_s": v for k, v in self.timer.seconds.items()}}
+
+    def train(self, sampler, num_steps: int, folder: "training.RunFolder" = None, progress: bool = True) -> list:
+        """Run steps start..num_steps with sampler(step) -> (prompts, metadata); resumes from folder's checkpoint."""
+        config.check_int("num_steps", num_steps)
+        start = 0
+        if folder is not None:
+            if folder.done:
+                return folder.rows()
+            start = folder.restore(self.model, self.optimizer)["step"]
+        rows = folder.rows() if folder is not None else []
+        bar = tqdm(range(start, num_steps), initial=start, total=num_steps, desc="grpo", disable=not progress)
+        for step in bar:
+            row = self.step(*sampler(step), step=step)
+            rows.append(row)
+            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row['kl']:.4f}")
+            if folder is not None:
+                folder.log(row)
+                if (self.cfg.save_every and (step + 1) % self.cfg.save_every == 0) or step + 1 == num_steps:
+                    folder.save(step + 1, self.model, self.optimizer)
+        if folder is not None:
+            folder.mark_done({"steps": num_steps, "config": asdict(self.cfg)})
+        return rows

@@ -1,0 +1,105 @@
+"""The GRPO trainer on a tiny model: it learns, it resumes exactly, and it rejects bad configs."""
+import pytest
+import torch
+
+from replication import dpo, grpo, models, training
+
+LETTERS = set("abcdefghijklmnopqrstuvwxyz")
+PROMPTS = ["write", "say something", "go", "hello"]
+
+
+def letter_reward(prompts, completions, metadata):
+    """Fraction of lower-case letters in the completion: a reward that favours a set of tokens."""
+    return [sum(ch in LETTERS for ch in c) / max(len(c), 1) for c in completions]
+
+
+def make_trainer(seed=0, **overrides):
+    model, tok = models.tiny_model(seed=0)
+    model = models.add_lora(model, r=8, alpha=16)
+    settings = {"num_generations": 8, "max_new_tokens": 8, "lr": 2e-2, "beta": 0.0, "save_every": 3, **overrides}
+    cfg = grpo.GRPOConfig(seed=seed, **settings)
+    return grpo.GRPOTrainer(model, tok, letter_reward, cfg)
+
+
+def sampler(step):
+    return PROMPTS, [{"step": step}] * len(PROMPTS)
+
+
+def test_mean_reward_rises():
+    trainer = make_trainer()
+    rows = trainer.train(sampler, 40, progress=False)
+    first, last = sum(r["reward_mean"] for r in rows[:5]) / 5, sum(r["reward_mean"] for r in rows[-5:]) / 5
+    assert last > first + 0.4, (first, last)
+    assert all(k in rows[0] for k in ("reward_std", "zero_std_frac", "kl", "clip_frac", "loss", "grad_norm",
+                                      "completion_len", "tokens_per_s", "wall_s", "generation_s", "backward_s"))
+
+
+def test_reinforce_pp_and_kl_and_iterations_run():
+    trainer = make_trainer(advantage="reinforce++", beta=0.04, num_iterations=2, grad_accum_steps=2,
+                           loss_type="bnpo")
+    rows = trainer.train(sampler, 2, progress=False)
+    assert rows[-1]["kl"] >= 0 and rows[-1]["clip_frac"] >= 0
+
+
+def test_resume_gives_identical_weights(tmp_path):
+    straight = make_trainer()
+    straight.train(sampler, 6, training.RunFolder(tmp_path / "a"), progress=False)
+
+    first = make_trainer()
+    folder = training.RunFolder(tmp_path / "b")
+    first.train(sampler, 3, folder, progress=False)  # checkpoint at step 3 (and done marker for 3 steps)
+    (folder.path / "done.json").unlink()              # as if interrupted after step 3
+    second = make_trainer()
+    second.train(sampler, 6, folder, progress=False)
+
+    a, b = training.trainable(straight.model), training.trainable(second.model)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["step"] for r in folder.rows()] == list(range(6))
+    assert [r["reward_mean"] for r in folder.rows()] == [r["reward_mean"] for r in training.RunFolder(tmp_path / "a").rows()]
+
+
+def test_finished_run_is_skipped(tmp_path):
+    folder = training.RunFolder.keyed(tmp_path, "letters", {"steps": 2})
+    rows = make_trainer().train(sampler, 2, folder, progress=False)
+    assert folder.done and make_trainer().train(sampler, 2, folder, progress=False) == rows
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"num_generations": 1}, "num_generations=1"),
+    ({"beta": -0.1}, "beta=-0.1"),
+    ({"epsilon_low": 0.0}, "epsilon_low=0.0"),
+    ({"epsilon_high": 1.5}, "epsilon_high=1.5"),
+    ({"loss_type": "ppo"}, "loss_type='ppo'"),
+    ({"advantage": "gae"}, "advantage='gae'"),
+    ({"max_new_tokens": 0}, "max_new_tokens=0"),
+])
+def test_bad_configs_name_the_parameter(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        grpo.GRPOConfig(**overrides).validate()
+
+
+def test_reinforce_pp_whitens_per_group():
+    rewards = torch.tensor([1.0, 0.0, 5.0, 3.0])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]])
+    adv = grpo.reinforce_pp_advantages(rewards, mask, groups=["solver", "solver", "judge", "judge"])
+    for idx in ([0, 1], [2, 3]):
+        m = mask[idx].bool()
+        assert adv[idx][m].mean().abs() < 1e-5 and adv[idx][m].pow(2).mean().sub(1).abs() < 1e-4
+    assert torch.all(adv[mask == 0] == 0)
+    assert adv[0, 0] > 0 > adv[1, 0]
+
+
+def test_sft_and_dpo_move_named_adapters():
+    model, tok = models.tiny_model(seed=0)
+    model = models.add_lora(model, r=4, adapter_name="generator")
+    models.add_lora(model, r=4, adapter_name="verifier")
+    examples = [("q", "abc"), ("p", "abd")] * 4
+    cfg = dpo.PreferenceConfig(lr=5e-2, epochs=5, batch_size=4)
+    rows = dpo.train_sft(model, tok, examples, cfg, adapter_name="generator", progress=False)
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    pairs = [("q", "abc", "xyz"), ("p", "abd", "zzz")] * 4
+    rows = dpo.train_dpo(model, tok, pairs, cfg, adapter_name="verifier", progress=False)
+    assert rows[-1]["loss"] < rows[0]["loss"] and rows[-1]["accuracy"] == 1.0
+    with pytest.raises(ValueError, match="beta=0"):
+        dpo.PreferenceConfig(beta=0).validate()
