@@ -78,7 +78,7 @@ def train_sft(model, tok, examples, cfg: PreferenceConfig, adapter_name=None, pr
         norm = torch.nn.utils.clip_grad_norm_(training.trainable(model).values(), cfg.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        rows.append({"step": step, "loss": float(loss), "grad_norm": float(norm)})
+        rows.append({"step": step, "loss": float(loss.detach()), "grad_norm": float(norm)})
     model.eval()
     return rows
 
@@ -106,7 +106,7 @@ def train_dpo(model, tok, pairs, cfg: PreferenceConfig, adapter_name=None, progr
         norm = torch.nn.utils.clip_grad_norm_(training.trainable(model).values(), cfg.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        rows.append({"step": step, "loss": float(loss), "margin": float(margin.mean()),
+        rows.append({"step": step, "loss": float(loss.detach()), "margin": float(margin.mean()),
                      "accuracy": float((margin > 0).float().mean()), "grad_norm": float(norm)})
     model.eval()
     return rows

@@ -147,7 +147,7 @@ class GRPOTrainer:
         rep = lambda xs: [x for x in xs for _ in range(G)]  # noqa: E731
         self.model.eval()
         with self.timer("generation"):
-            p_ids, p_mask, c_ids, c_mask = training.sample(self.model, self.tok, rep(texts), cfg.max_new_tokens,
+            p_ids, p_mask, c_ids, c_mask = models.sample(self.model, self.tok, rep(texts), cfg.max_new_tokens,
                                                            cfg.temperature, cfg.top_p)
         completions = [self.tok.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(c_ids, c_mask)]
         with self.timer("reward"):

@@ -174,42 +174,47 @@ class Generation:
         return sum(len(c) for c in self.completion_ids)
 
 
-@torch.no_grad()
+def sample(model, tok, texts, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0):
+    """One completion per (already templated) text: prompt ids and mask, completion ids and mask."""
+    from transformers import GenerationConfig
+
+    enc = tok(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
+    do_sample = temperature > 0
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, top_k=None,
+                           temperature=temperature if do_sample else None, top_p=top_p if do_sample else None,
+                           pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    with torch.no_grad():
+        seqs = model.generate(**enc, generation_config=cfg)
+    completion = seqs[:, enc["input_ids"].shape[1]:]
+    return enc["input_ids"], enc["attention_mask"], completion, completion_mask(completion, tok.eos_token_id)
+
+
+def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """1 for tokens up to and including the first EOS of each row, 0 after it."""
+    is_eos = completion == eos_id
+    no_eos = torch.full_like(is_eos[:, 0], completion.shape[1], dtype=torch.long)
+    first = torch.where(is_eos.any(1), is_eos.int().argmax(1), no_eos)
+    return (torch.arange(completion.shape[1])[None, :] <= first[:, None]).long()
+
+
 def generate(model, tok, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
              seed: int = 0, batch_size: int = 16, chat: bool = True, system=None, progress: bool = False):
     """Batched, left-padded, seeded generation; greedy when temperature == 0."""
     from tqdm.auto import tqdm
-    from transformers import GenerationConfig
 
     config.check_int("max_new_tokens", max_new_tokens)
     config.check_int("batch_size", batch_size)
     config.check_range("temperature", temperature, 0.0, 10.0)
     texts = chat_prompts(tok, prompts, system) if chat else list(prompts)
-    sample = temperature > 0
-    gen_cfg = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature if sample else None,
-        top_p=top_p if sample else None, top_k=None, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-    )
     out_texts, out_ids, t0 = [], [], time.perf_counter()
     starts = range(0, len(texts), batch_size)
     for b, i in enumerate(tqdm(starts, desc="generate", disable=not progress)):
         torch.manual_seed(seed * 100_003 + b)
-        enc = tok(texts[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
-        seqs = model.generate(**enc, generation_config=gen_cfg)
-        for row in seqs[:, enc["input_ids"].shape[1]:].tolist():
-            ids = _until_eos(row, tok.eos_token_id, tok.pad_token_id)
-            out_ids.append(ids)
-            out_texts.append(tok.decode(ids, skip_special_tokens=True))
+        _, _, ids, mask = sample(model, tok, texts[i:i + batch_size], max_new_tokens, temperature, top_p)
+        for row, m in zip(ids, mask):
+            out_ids.append(row[m.bool()].tolist())
+            out_texts.append(tok.decode(out_ids[-1], skip_special_tokens=True))
     return Generation(out_texts, out_ids, time.perf_counter() - t0)
-
-
-def _until_eos(ids, eos_id, pad_id):
-    """Completion tokens up to and including the first EOS, without trailing padding."""
-    if eos_id in ids:
-        return ids[: ids.index(eos_id) + 1]
-    while ids and ids[-1] == pad_id and pad_id != eos_id:
-        ids = ids[:-1]
-    return ids
 
 
 def load_times(name: str = "smollm2-135m-instruct") -> dict:

@@ -11,28 +11,6 @@ import torch
 from . import files, models
 
 
-def sample(model, tok, texts, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0):
-    """Sample one completion per (already templated) text: prompt and completion ids with masks."""
-    from transformers import GenerationConfig
-
-    enc = tok(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
-    sample_ = temperature > 0
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sample_, temperature=temperature if sample_ else None,
-                           top_p=top_p if sample_ else None, top_k=None,
-                           pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    with torch.no_grad():
-        seqs = model.generate(**enc, generation_config=cfg)
-    completion = seqs[:, enc["input_ids"].shape[1]:]
-    return enc["input_ids"], enc["attention_mask"], completion, completion_mask(completion, tok.eos_token_id)
-
-
-def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """1 for tokens up to and including the first EOS of each row, 0 after it."""
-    is_eos = completion == eos_id
-    first = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], completion.shape[1], dtype=torch.long))
-    return (torch.arange(completion.shape[1])[None, :] <= first[:, None]).long()
-
-
 def completion_logps(model, prompt_ids, prompt_mask, completion_ids, mask, temperature: float = 1.0):
     """Per-token log-probs of the completion tokens only, shape (B, T); logits for prompt positions are skipped."""
     input_ids = torch.cat([prompt_ids, completion_ids], 1)

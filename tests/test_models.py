@@ -90,3 +90,8 @@ def test_real_model_loads_from_cache_and_answers():
     assert not getattr(model, "is_quantized", False)
     g = models.generate(model, tok, ["What is 2 + 3?"], max_new_tokens=16)
     assert g.texts[0].strip()
+
+
+def test_completion_mask_stops_after_first_eos():
+    ids = torch.tensor([[5, 2, 7, 2], [5, 5, 5, 5], [2, 9, 9, 9]])
+    assert models.completion_mask(ids, eos_id=2).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
