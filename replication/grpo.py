@@ -162,13 +162,12 @@ class GRPOTrainer:
             if cfg.beta > 0:
                 with self.model.disable_adapter():
                     batch["ref_logps"] = self._logps(batch)
-        _, zero = group_advantages(rewards, G) if G > 1 else (None, torch.zeros_like(rewards, dtype=torch.bool))
         if cfg.advantage == "group":
-            batch["advantages"], _ = group_advantages(rewards, G, cfg.scale_rewards)
+            batch["advantages"], batch["zero_std"] = group_advantages(rewards, G, cfg.scale_rewards)
         else:
             groups = [m.get("group", 0) for m in rep(metadata)]
             batch["advantages"] = reinforce_pp_advantages(rewards, c_mask, groups)
-        batch["zero_std"] = zero
+            batch["zero_std"] = group_advantages(rewards, G)[1] if G > 1 else torch.zeros(len(rewards), dtype=torch.bool)
         return batch
 
     def _logps(self, batch, rows=slice(None)):

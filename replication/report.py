@@ -42,8 +42,11 @@ def write_index(profile: str, folder: Path = runner.NOTEBOOKS) -> Path:
             lines.append(f"| [{f['name']}]({png}) | {r['notebook']} | {_md_cell(f['caption'])} |")
     lines += ["", "## Claims ledger", "", "| notebook | claim | paper | measured | verdict | why |",
               "|---|---|---|---|---|---|"]
-    for c in ledger(recs):
+    claims = ledger(recs)
+    for c in claims:
         lines.append("| " + " | ".join(_md_cell(c[k]) for k in ("notebook", "claim", "paper", "measured", "verdict", "why")) + " |")
+    if not claims:
+        lines.append("| (no claims recorded yet) | | | | | |")
     lines += ["", "| notebook | seed | wall time (s) |", "|---|---|---|"]
     lines += [f"| {r['notebook']} | {r['seed']} | {r['wall_time_s']} |" for r in recs]
     return files.write_text(index_path(profile), "\n".join(lines) + "\n")
