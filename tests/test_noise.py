@@ -1,0 +1,100 @@
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from replication import noise
+
+
+def simulate(n=4000, a=0.8, b=1.0, sigma=0.5, k=5, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.integers(1, 6, n).astype(float)
+    item = a * q + b + rng.normal(0, sigma, n)
+    scores = np.clip(item[:, None] + rng.normal(0, 0.3, (n, k)), 1, 5 + 10)  # within-item noise, averaged out
+    return q, item, scores
+
+
+def test_absolute_fit_recovers_known_parameters():
+    q, item, _ = simulate()
+    fit = noise.fit_absolute(q, item, scale=(-50, 50))
+    assert fit["slope_a"] == pytest.approx(0.8, abs=0.02)
+    assert fit["intercept_b"] == pytest.approx(1.0, abs=0.06)
+    assert fit["sigma_residual"] == pytest.approx(0.5, abs=0.02)
+    assert fit["slope_a_ci95"][0] < 0.8 < fit["slope_a_ci95"][1]
+    assert fit["sigma_abs_eff"] == pytest.approx(np.sqrt(2) * fit["sigma_residual"] / fit["slope_a"])
+
+
+def test_paper_statistics_reproduce_to_rounding():
+    assert noise.sigma_abs_eff(0.028, 0.707) == pytest.approx(35.65, abs=0.1)
+    for gap, acc, sigma in [(1, 0.551, 7.85), (2, 0.635, 5.80), (3, 0.644, 8.13), (4, 0.562, 25.53)]:
+        assert noise.thurstone_sigma(acc, gap) == pytest.approx(sigma, rel=0.02)
+
+
+def test_pairwise_fit_recovers_sigma_and_pools():
+    rng = np.random.default_rng(1)
+    gaps = rng.integers(1, 5, 20000).astype(float)
+    wins = (rng.random(20000) < st.norm.cdf(gaps / 3.0)).astype(float)
+    fit = noise.fit_pairwise(gaps, wins)
+    assert fit["sigma_pooled"] == pytest.approx(3.0, rel=0.05)
+    for gap, d in fit["per_gap"].items():
+        assert d["sigma_comp_ci95"][0] < 3.0 < d["sigma_comp_ci95"][1]
+    assert fit["lr_test"]["df"] == 3 and fit["lr_test"]["p_value"] > 0.001
+
+
+def test_lr_test_rejects_different_sigmas():
+    rng = np.random.default_rng(2)
+    gaps = np.repeat([1.0, 4.0], 5000)
+    sigma = np.where(gaps == 1, 1.0, 20.0)
+    wins = (rng.random(len(gaps)) < st.norm.cdf(gaps / sigma)).astype(float)
+    assert noise.fit_pairwise(gaps, wins)["lr_test"]["p_value"] < 1e-6
+
+
+def test_edge_cases():
+    # accuracy <= 0.5 in a gap: no signal, sigma is infinite, and the interval's upper end too
+    fit = noise.fit_pairwise([1, 1, 1, 1, 2, 2, 2, 2], [1, 0, 0, 1, 1, 1, 1, 0])
+    assert fit["per_gap"][1.0]["sigma_comp"] == np.inf and fit["per_gap"][2.0]["sigma_comp"] < np.inf
+    # one gap missing is fine; the test has fewer degrees of freedom
+    assert noise.fit_pairwise([1, 1, 3, 3, 3], [1, 0, 1, 1, 0])["lr_test"]["df"] == 1
+    # a slope of zero (or below): infinite effective noise
+    assert noise.sigma_abs_eff(0.0, 0.7) == np.inf and noise.sigma_abs_eff(-0.1, 0.7) == np.inf
+    flat = noise.fit_absolute([1, 2, 3, 4, 5, 1, 2, 3, 4, 5], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3])
+    assert flat["slope_a"] == pytest.approx(0.0, abs=1e-12) and flat["sigma_abs_eff"] == np.inf
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: noise.fit_absolute([], []), "empty"),
+    (lambda: noise.fit_absolute([1, 2, 3], [1, 2]), "must match"),
+    (lambda: noise.fit_absolute([1, 2, 3], [1, 2, 7]), "scale"),
+    (lambda: noise.fit_pairwise([1, 2], [1]), "same length"),
+    (lambda: noise.fit_pairwise([1, 2], [1, 2]), "0/1"),
+    (lambda: noise.bootstrap([1, 2, 3], [1, 2, 3], [2, 2], [1, 0], n_boot=5), "gap=1.0 has no pairs"),
+])
+def test_bad_input_is_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_bootstrap_interval_covers_the_ratio():
+    rng = np.random.default_rng(3)
+    q = rng.integers(1, 6, 1000).astype(float)
+    scores = np.clip(np.round(0.5 * q[:, None] + 1.5 + rng.normal(0, 0.6, (1000, 5))), 1, 5)
+    gaps = rng.integers(1, 5, 1000).astype(float)
+    wins = (rng.random(1000) < st.norm.cdf(gaps / 2.0)).astype(float)
+    out = noise.bootstrap(q, scores, gaps, wins, n_boot=300, seed=0)
+    point = noise.fit_absolute(q, scores)["sigma_abs_eff"] / noise.fit_pairwise(gaps, wins)["per_gap"][1.0]["sigma_comp"]
+    lo, hi = out["ci95"]["ratio"]
+    assert lo < point < hi and len(out["ratio"]) == 300
+    again = noise.bootstrap(q, scores, gaps, wins, n_boot=300, seed=0)
+    assert np.array_equal(out["ratio"], again["ratio"])
+
+
+def test_paper_csv_reproduces_with_the_estimators():
+    import pandas as pd
+
+    from replication import config
+
+    by_gap = pd.read_csv(config.ROOT / "data/paper/elo_evolve_noise_by_gap.csv")
+    stats = pd.read_csv(config.ROOT / "data/paper/elo_evolve_noise.csv").set_index("statistic")["value"]
+    assert by_gap["source"].notna().all()
+    got = noise.thurstone_sigma(by_gap["accuracy"].to_numpy(), by_gap["gap"].to_numpy())
+    assert np.allclose(got, by_gap["sigma_comp"], rtol=0.02)
+    assert noise.sigma_abs_eff(stats["slope_a"], stats["sigma_residual"]) == pytest.approx(stats["sigma_abs_eff"], rel=0.01)
