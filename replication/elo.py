@@ -44,3 +44,36 @@ def sample_opponents(rating: float, pool_ratings, temperature: float, n: int, rn
     """Indices of n opponents drawn independently (one per sample) from sampling_probs."""
     config.check_int("n", n)
     return rng.choice(len(pool_ratings), size=n, p=sampling_probs(rating, pool_ratings, temperature))
+
+
+def simulate(temperature: float, steps: int = 1000, batch: int = 128, group: int = 8, k: float = 32.0,
+             rule: str = "mean", pool=(1400.0, 1700.0, 2000.0), start: float = 1350.0, eta: float = 1.1,
+             degrade_step: int = None, degrade_to: float = None, seed: int = 0):
+    """Elo-orchestrated training as a model of learning (documented in notebook 02).
+
+    The policy has a latent skill s (Elo units, starts at `start`). Each step, every one of `batch` prompts
+    gets an opponent drawn from sampling_probs(R, pool, T) and `group` samples that win with probability
+    expected_score(s, true strength). Only groups with mixed outcomes carry a GRPO gradient, so the skill grows
+    by eta times the fraction of mixed groups (expected 1 - p^G - (1 - p)^G). The rating R follows update()
+    over all batch x group matches. From `degrade_step` on, the strongest opponent's true strength is
+    `degrade_to` while its rating stays fixed. Returns a dict of per-step arrays."""
+    config.check_int("steps", steps)
+    config.check_int("batch", batch)
+    config.check_int("group", group)
+    rng = np.random.default_rng(seed)
+    ratings = np.asarray(pool, float)
+    strength = ratings.copy()
+    skill, rating = float(start), float(start)
+    out = {key: np.empty(steps) for key in ("rating", "skill", "mixed")}
+    out["probs"] = np.empty((steps, len(ratings)))
+    for t in range(steps):
+        if degrade_step is not None and t == degrade_step:
+            strength[-1] = degrade_to
+        probs = sampling_probs(rating, ratings, temperature)
+        opp = rng.choice(len(ratings), size=batch, p=probs)
+        wins = rng.random((batch, group)) < expected_score(skill, strength[opp])[:, None]
+        mixed = float(np.mean(wins.any(1) & ~wins.all(1)))
+        rating = update(rating, wins.ravel(), np.repeat(ratings[opp], group), k, rule)
+        skill += eta * mixed
+        out["rating"][t], out["skill"][t], out["mixed"][t], out["probs"][t] = rating, skill, mixed, probs
+    return out
