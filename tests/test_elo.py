@@ -46,3 +46,21 @@ def test_sampling_frequencies_match_probabilities():
 def test_bad_input_is_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_simulation_is_seeded_and_learns_with_curriculum():
+    a = elo.simulate(200, steps=100, batch=16, seed=3)
+    b = elo.simulate(200, steps=100, batch=16, seed=3)
+    assert np.array_equal(a["rating"], b["rating"]) and np.array_equal(a["probs"], b["probs"])
+    assert a["skill"][-1] > a["skill"][0] and np.all(np.diff(a["skill"]) >= 0)
+    assert np.allclose(a["probs"].sum(1), 1)
+    # the summed update with many matches per step swings far more than the mean
+    s = elo.simulate(200, steps=50, batch=16, rule="sum", seed=0)
+    assert np.max(np.abs(np.diff(s["rating"]))) > 10 * np.max(np.abs(np.diff(a["rating"])))
+
+
+def test_degraded_opponent_stalls_learning_at_low_temperature():
+    kw = dict(steps=400, batch=64, eta=5.0, seed=1)
+    plain = elo.simulate(20, **kw)
+    degraded = elo.simulate(20, degrade_step=150, degrade_to=1000.0, **kw)
+    assert degraded["skill"][-1] < plain["skill"][-1]
