@@ -96,6 +96,9 @@ def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = Fal
     except pm.PapermillExecutionError as e:
         raise RunError(f"{stem} failed at cell {e.cell_index} (execution count {e.exec_count}): "
                        f"{e.ename}: {e.evalue.splitlines()[0] if e.evalue else ''} | partly executed notebook: {partial}") from None
+    except Exception as e:  # noqa: BLE001 - a dead kernel or a timeout: one line, and the rerun resumes here
+        raise RunError(f"{stem} stopped ({type(e).__name__}: {e}); rerun to resume from it | "
+                       f"partly executed notebook: {partial}") from None
     if not metrics.is_file() or metrics.stat().st_mtime < t0:
         raise RunError(f"{stem} ran but wrote no metrics; end it with run.finish() | notebook: {partial}")
     partial.replace(paths.executed(stem))
@@ -137,4 +140,7 @@ def main(argv=None) -> int:
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("error: interrupted; notebooks already done are kept, rerun the same command to resume", file=sys.stderr)
+        return 130
     return 0

@@ -91,3 +91,13 @@ def test_bad_requests(book, capsys):
 
 def test_report_with_no_runs_is_empty(book, runs):
     assert report.records("paper", book) == []
+
+
+def test_dead_kernel_gives_one_line_and_keeps_earlier_outputs(book, runs):
+    runner.run("default", only="01", folder=book, report=False, log=lambda *_: None)
+    nb = nbformat.read(book / "02_second.ipynb", as_version=4)
+    nb.cells[1].source = "import os\nos._exit(1)"
+    nbformat.write(nb, book / "02_second.ipynb")
+    with pytest.raises(runner.RunError, match=r"02_second stopped \(DeadKernelError.*rerun to resume"):
+        runner.run("default", folder=book, report=False, log=lambda *_: None)
+    assert runner.run("default", only="01", folder=book, report=False, log=lambda *_: None) == {"01_first": "skipped"}
