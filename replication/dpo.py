@@ -75,10 +75,8 @@ def train_sft(model, tok, examples, cfg: PreferenceConfig, adapter_name=None, pr
         logps, mask = _seq_logps(model, tok, [p for p, _ in batch], [c for _, c in batch], cfg.system)
         loss = sft_loss(logps, mask)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(training.trainable(model).values(), cfg.max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        rows.append({"step": step, "loss": float(loss.detach()), "grad_norm": float(norm)})
+        norm = training.optimizer_step(model, opt, cfg.max_grad_norm)
+        rows.append({"step": step, "loss": float(loss.detach()), "grad_norm": norm})
     model.eval()
     return rows
 
@@ -103,10 +101,8 @@ def train_dpo(model, tok, pairs, cfg: PreferenceConfig, adapter_name=None, progr
         k = len(batch)
         loss, margin = dpo_loss(seq[:k], seq[k:], ref_seq[:k], ref_seq[k:], cfg.beta)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(training.trainable(model).values(), cfg.max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        norm = training.optimizer_step(model, opt, cfg.max_grad_norm)
         rows.append({"step": step, "loss": float(loss.detach()), "margin": float(margin.mean()),
-                     "accuracy": float((margin > 0).float().mean()), "grad_norm": float(norm)})
+                     "accuracy": float((margin > 0).float().mean()), "grad_norm": norm})
     model.eval()
     return rows

@@ -197,10 +197,8 @@ class GRPOTrainer:
                 out["kl"] += stats["kl"] * w
                 out["clip_frac"] += stats["clip_frac"] * w
             with self.timer("backward"):
-                norm = torch.nn.utils.clip_grad_norm_(training.trainable(self.model).values(), cfg.max_grad_norm)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-            out["grad_norm"] += float(norm) / cfg.num_iterations
+                norm = training.optimizer_step(self.model, self.optimizer, cfg.max_grad_norm)
+            out["grad_norm"] += norm / cfg.num_iterations
         self.model.eval()
         return out
 

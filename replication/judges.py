@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import config, models, tasks
+from . import config, models, tasks, training
 
 ABSOLUTE = ("Rate how good the response is as an answer to the question, from 1 (useless) to 5 (correct and "
             "clearly explained).\n\nQuestion: {task}\n\nResponse: {response}\n\nReply with one digit from 1 to 5.")
@@ -35,8 +35,7 @@ def answer_probs(model, tok, prompts, options, batch_size: int = 16, progress: b
     out = []
     for i in tqdm(range(0, len(texts), batch_size), desc="judge", disable=not progress):
         enc = tok(texts[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
-        positions = (enc["attention_mask"].cumsum(1) - 1).clamp(min=0)
-        logits = model(**enc, position_ids=positions, logits_to_keep=1).logits[:, -1, ids]
+        logits = model(**enc, position_ids=training.position_ids(enc["attention_mask"]), logits_to_keep=1).logits[:, -1, ids]
         out.append(torch.softmax(logits.float(), -1).numpy())
     return np.concatenate(out) if out else np.zeros((0, len(options)))
 
