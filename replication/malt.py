@@ -1,0 +1,278 @@
+"""MALT: generator -> verifier -> refiner chains, trajectory trees, value iteration, role-wise SFT then DPO."""
+from collections import Counter
+from contextlib import contextmanager, nullcontext
+
+import numpy as np
+import torch
+
+from . import config, dpo, models, tasks, training
+
+ROLES = ("generator", "verifier", "refiner")
+POOLINGS = ("global", "local")
+REFERENCES = ("sft", "base")
+
+
+def generator_prompt(question: str) -> str:
+    """G(q): the question with the answer-format instruction."""
+    return f"{question}\n{tasks.INSTRUCTION}"
+
+
+def verifier_prompt(question: str, g: str) -> str:
+    """V(q, g): ask for a short critique of the generator's answer."""
+    return (f"{question}\n\nA student wrote: \"{g}\"\n\n"
+            "Is the student's final answer correct? Check it and reply in one or two sentences.")
+
+
+def refiner_prompt(question: str, g: str, v: str) -> str:
+    """R(q, g, v): the answer and its critique, then the question to solve again."""
+    return (f"A student wrote: \"{g}\"\nA reviewer said: \"{v}\"\n\n"
+            f"Now solve the problem yourself.\n{question}\n{tasks.INSTRUCTION}")
+
+
+@contextmanager
+def use_role(model, role):
+    """Run with the role's LoRA adapter active, or the base model (all adapters off) when it has none."""
+    adapters = getattr(model, "peft_config", {})
+    if role is not None:
+        config.check_choice("role", role, ROLES)
+    if role in adapters:
+        model.set_adapter(role)
+        yield model
+    else:
+        with model.disable_adapter() if adapters else nullcontext():
+            yield model
+
+
+def _generate(model, tok, prompts, role, max_new_tokens, temperature, seed, batch_size, top_p=1.0):
+    with use_role(model, role):
+        return models.generate(model, tok, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                               top_p=top_p, seed=seed, batch_size=batch_size).texts
+
+
+def sample_trees(model, tok, problems, n=3, tokens=(48, 32, 48), temperature=0.7, seed=0, batch_size=16,
+                 trained=False) -> dict:
+    """One tree per problem: n generations, n critiques of each, n refinements of each (n^3 leaves), batched."""
+    config.check_int("n", n)
+    if len(tokens) != 3:
+        raise ValueError(f"tokens={tokens!r} is not allowed; give max new tokens for (generator, verifier, refiner)")
+    role = (lambda r: r) if trained else (lambda r: None)
+    Q, qs = len(problems), [p.question for p in problems]
+    g = _generate(model, tok, [generator_prompt(q) for q in qs for _ in range(n)], role("generator"),
+                  tokens[0], temperature, seed, batch_size)                      # index q*n + j
+    v = _generate(model, tok, [verifier_prompt(qs[i // n], g[i]) for i in range(Q * n) for _ in range(n)],
+                  role("verifier"), tokens[1], temperature, seed + 1, batch_size)  # (q*n + j)*n + k
+    r = _generate(model, tok, [refiner_prompt(qs[i // n**2], g[i // n], v[i]) for i in range(Q * n * n)
+                               for _ in range(n)], role("refiner"), tokens[2], temperature, seed + 2, batch_size)
+    reward = [int(tasks.verify(t, problems[i // n**3].answer)) for i, t in enumerate(r)]
+    return {"n": n, "questions": qs, "answers": [p.answer for p in problems], "g": g, "v": v, "r": r,
+            "reward": reward}
+
+
+def rewards(tree) -> np.ndarray:
+    """Leaf rewards as an array of shape (Q, n, n, n)."""
+    n = tree["n"]
+    return np.asarray(tree["reward"], dtype=float).reshape(-1, n, n, n)
+
+
+def value_iteration(reward):
+    """(V(g), V(v), V(r)): leaf = reward, verifier = mean of its refinements, generator = mean of its critiques."""
+    v_r = np.asarray(reward, dtype=float)
+    if v_r.size and not np.isin(v_r, (0.0, 1.0)).all():
+        raise ValueError("reward must hold outcome rewards in {0, 1}")
+    v_v = v_r.mean(-1)
+    return v_v.mean(-1), v_v, v_r
+
+
+def binarise(values, threshold: float = 0.5) -> np.ndarray:
+    """Positive when the value is strictly above the threshold (the paper's V > 0.5)."""
+    return np.asarray(values) > threshold
+
+
+def labels(reward, pooling: str = "global"):
+    """(generator, verifier, refiner) labels: global = binarised subtree mean, local = majority of direct children."""
+    config.check_choice("pooling", pooling, POOLINGS)
+    v_g, v_v, v_r = value_iteration(reward)
+    if pooling == "global":
+        return binarise(v_g), binarise(v_v), v_r > 0.5
+    lab_v = binarise(v_v)                       # the children of a verifier node are leaves: same as global
+    return binarise(lab_v.mean(-1)), lab_v, v_r > 0.5
+
+
+def pooling_agreement(reward) -> dict:
+    """Share of generator and verifier nodes whose global and local labels agree."""
+    (g1, v1, _), (g2, v2, _) = labels(reward, "global"), labels(reward, "local")
+    return {"generator": float((g1 == g2).mean()), "verifier": float((v1 == v2).mean())}
+
+
+def sibling_pairs(lab) -> list:
+    """(parent index, positive child, negative child) for every positive/negative pair of siblings."""
+    lab = np.asarray(lab, dtype=bool)
+    out = []
+    for parent in np.ndindex(lab.shape[:-1]):
+        row = lab[parent]
+        out += [(parent, int(i), int(j)) for i in np.flatnonzero(row) for j in np.flatnonzero(~row)]
+    return out
+
+
+def _nodes(tree):
+    """Prompt and text of every node, as arrays indexed like the labels."""
+    n, qs = tree["n"], tree["questions"]
+    Q = len(qs)
+    g = np.array(tree["g"], dtype=object).reshape(Q, n)
+    v = np.array(tree["v"], dtype=object).reshape(Q, n, n)
+    r = np.array(tree["r"], dtype=object).reshape(Q, n, n, n)
+    prompt = {"generator": lambda q: generator_prompt(qs[q]),
+              "verifier": lambda q, j: verifier_prompt(qs[q], g[q, j]),
+              "refiner": lambda q, j, k: refiner_prompt(qs[q], g[q, j], v[q, j, k])}
+    return {"generator": g, "verifier": v, "refiner": r}, prompt
+
+
+def preference_pairs(tree, pooling: str = "global") -> dict:
+    """D_G, D_V, D_R: (prompt, chosen, rejected) from siblings under the same parent, positive vs negative."""
+    texts, prompt = _nodes(tree)
+    out = {}
+    for role, lab in zip(ROLES, labels(rewards(tree), pooling)):
+        out[role] = [(prompt[role](*parent), texts[role][parent + (i,)], texts[role][parent + (j,)])
+                     for parent, i, j in sibling_pairs(lab)]
+    return out
+
+
+def sft_examples(tree, pooling: str = "global") -> dict:
+    """(prompt, completion) for every positive node of each role."""
+    texts, prompt = _nodes(tree)
+    return {role: [(prompt[role](*idx[:-1]), texts[role][idx]) for idx in zip(*np.nonzero(lab))]
+            for role, lab in zip(ROLES, labels(rewards(tree), pooling))}
+
+
+def subsample(items, limit: int, seed: int = 0) -> list:
+    """At most `limit` items, a seeded random subset in the original order."""
+    config.check_int("limit", limit)
+    if len(items) <= limit:
+        return list(items)
+    keep = np.sort(np.random.default_rng(seed).choice(len(items), limit, replace=False))
+    return [items[i] for i in keep]
+
+
+def add_role_adapters(model, r: int = 16, alpha: int = 32):
+    """One LoRA adapter per role on the shared base model."""
+    for role in ROLES:
+        model = models.add_lora(model, r=r, alpha=alpha, adapter_name=role)
+    return model
+
+
+def adapter_state(model, role) -> dict:
+    """A copy of one role's adapter weights."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model, adapter_name=role).items()}
+
+
+def load_adapter_state(model, role, state) -> None:
+    """Put saved weights back into one role's adapter."""
+    from peft import set_peft_model_state_dict
+
+    set_peft_model_state_dict(model, state, adapter_name=role)
+
+
+def _seq_sums(model, tok, prompts, completions, system):
+    p_ids, p_mask, c_ids, c_mask = training.encode_pairs(tok, prompts, completions, system)
+    return (training.completion_logps(model, p_ids, p_mask, c_ids, c_mask) * c_mask).sum(1)
+
+
+def train_dpo_sft_reference(model, tok, pairs, cfg: dpo.PreferenceConfig, adapter_name, progress=False) -> list:
+    """DPO whose reference is the adapter as it is now (the SFT policy): reference log-probs are computed first."""
+    cfg.validate()
+    model.set_adapter(adapter_name)
+    g = torch.Generator().manual_seed(cfg.seed)
+    batches = [b for _ in range(cfg.epochs) for b in torch.randperm(len(pairs), generator=g).split(cfg.batch_size)]
+    model.eval()
+    refs = []
+    with torch.no_grad():
+        for idx in batches:
+            batch = [pairs[i] for i in idx]
+            refs.append(_seq_sums(model, tok, [p for p, _, _ in batch] * 2,
+                                  [c for _, c, _ in batch] + [r for _, _, r in batch], cfg.system))
+    opt = torch.optim.AdamW(training.trainable(model).values(), lr=cfg.lr)
+    rows = []
+    for step, (idx, ref) in enumerate(zip(batches, refs)):
+        batch, k = [pairs[i] for i in idx], len(idx)
+        model.train()
+        seq = _seq_sums(model, tok, [p for p, _, _ in batch] * 2,
+                        [c for _, c, _ in batch] + [r for _, _, r in batch], cfg.system)
+        loss, margin = dpo.dpo_loss(seq[:k], seq[k:], ref[:k], ref[k:], cfg.beta)
+        loss.backward()
+        norm = training.optimizer_step(model, opt, cfg.max_grad_norm)
+        rows.append({"step": step, "loss": float(loss.detach()), "margin": float(margin.mean()),
+                     "accuracy": float((margin > 0).float().mean()), "grad_norm": norm})
+    model.eval()
+    return rows
+
+
+def train_role(model, tok, role, sft, pairs, sft_cfg, dpo_cfg, reference="sft", stage="both") -> dict:
+    """SFT then DPO on one role's adapter; the DPO reference is the SFT policy ('sft') or the base ('base')."""
+    config.check_choice("reference", reference, REFERENCES)
+    config.check_choice("stage", stage, ("sft", "dpo", "both"))
+    logs = {"sft": [], "dpo": []}
+    if stage in ("sft", "both") and sft:
+        logs["sft"] = dpo.train_sft(model, tok, sft, sft_cfg, adapter_name=role, progress=False)
+    if stage in ("dpo", "both") and pairs:
+        if reference == "sft":
+            logs["dpo"] = train_dpo_sft_reference(model, tok, pairs, dpo_cfg, role)
+        else:
+            logs["dpo"] = dpo.train_dpo(model, tok, pairs, dpo_cfg, adapter_name=role, progress=False)
+    return logs
+
+
+def majority_vote(answers):
+    """Most frequent non-missing answer; a tie goes to the tied answer that appeared first; None if all missing."""
+    votes = [a for a in answers if a is not None]
+    if not votes:
+        return None
+    counts = Counter(votes)
+    top = max(counts.values())
+    return next(a for a in votes if counts[a] == top)
+
+
+def run_chains(model, tok, problems, k=1, trained=False, tokens=(48, 32, 48), temperature=0.7, seed=0,
+               batch_size=16, generator_only=False) -> list:
+    """k independent G -> V -> R chains per problem (or k generator samples): one row per chain."""
+    config.check_int("k", k)
+    role = (lambda r: r) if trained else (lambda r: None)
+    items = [(i, c) for i in range(len(problems)) for c in range(k)]
+    qs = [problems[i].question for i, _ in items]
+    g = _generate(model, tok, [generator_prompt(q) for q in qs], role("generator"), tokens[0], temperature,
+                  seed, batch_size)
+    v = r = [None] * len(items)
+    if not generator_only:
+        v = _generate(model, tok, [verifier_prompt(q, x) for q, x in zip(qs, g)], role("verifier"), tokens[1],
+                      temperature, seed + 1, batch_size)
+        r = _generate(model, tok, [refiner_prompt(q, x, y) for q, x, y in zip(qs, g, v)], role("refiner"),
+                      tokens[2], temperature, seed + 2, batch_size)
+    rows = []
+    for (i, c), x, y, z in zip(items, g, v, r):
+        truth, final = problems[i].answer, (x if generator_only else z)
+        rows.append({"question": i, "chain": c, "g": x, "v": y, "r": z, "answer": truth,
+                     "g_answer": tasks.extract_answer(x), "g_correct": tasks.verify(x, truth),
+                     "final_answer": tasks.extract_answer(final), "correct": tasks.verify(final, truth)})
+    return rows
+
+
+def vote_accuracy(rows) -> tuple:
+    """(correct questions, questions) when each question's chains are combined by majority vote."""
+    by_q = {}
+    for row in rows:
+        by_q.setdefault(row["question"], []).append(row)
+    hits = []
+    for rs in by_q.values():
+        vote = majority_vote([r["final_answer"] for r in sorted(rs, key=lambda r: r["chain"])])
+        hits.append(vote is not None and float(vote) == float(rs[0]["answer"]))
+    return int(sum(hits)), len(hits)
+
+
+def flips(rows) -> dict:
+    """How the verifier and refiner change the generator's answer: counts of each transition."""
+    out = {"wrong_to_right": 0, "right_to_wrong": 0, "right_to_right": 0, "wrong_to_wrong": 0}
+    for row in rows:
+        key = f"{'right' if row['g_correct'] else 'wrong'}_to_{'right' if row['correct'] else 'wrong'}"
+        out[key] += 1
+    return out

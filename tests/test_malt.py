@@ -1,0 +1,224 @@
+"""MALT pieces against hand-worked trees: value iteration, pooling, pairs, voting, adapters, DPO reference."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from replication import dpo, malt, models, tasks
+
+# One question, n = 2: leaves under (g0, v00), (g0, v01), (g1, v10), (g1, v11).
+REWARD_N2 = np.array([[[[1, 0], [1, 1]], [[0, 0], [0, 1]]]])
+
+
+def hand_tree():
+    """The n = 2 tree above with named texts, as sample_trees returns it."""
+    g = ["g0", "g1"]
+    v = ["v00", "v01", "v10", "v11"]
+    r = [f"r{j}{k}{l}" for j in range(2) for k in range(2) for l in range(2)]
+    return {"n": 2, "questions": ["Q?"], "answers": [7], "g": g, "v": v, "r": r,
+            "reward": REWARD_N2.ravel().tolist()}
+
+
+def test_value_iteration_by_hand():
+    v_g, v_v, v_r = malt.value_iteration(REWARD_N2)
+    np.testing.assert_allclose(v_v, [[[0.5, 1.0], [0.0, 0.5]]])
+    np.testing.assert_allclose(v_g, [[0.75, 0.25]])
+    np.testing.assert_array_equal(v_r, REWARD_N2)
+
+
+def test_binarise_is_strict_at_half():
+    np.testing.assert_array_equal(malt.binarise([0.0, 0.5, 0.5001, 1.0]), [False, False, True, True])
+
+
+def test_all_correct_and_all_wrong_subtrees():
+    reward = np.zeros((2, 3, 3, 3))
+    reward[0] = 1                                       # question 0: every leaf right, question 1: every leaf wrong
+    v_g, v_v, _ = malt.value_iteration(reward)
+    np.testing.assert_array_equal(v_g, [[1, 1, 1], [0, 0, 0]])
+    for pooling in malt.POOLINGS:
+        lab_g, lab_v, lab_r = malt.labels(reward, pooling)
+        assert lab_g[0].all() and not lab_g[1].any() and lab_v[0].all() and not lab_v[1].any()
+        assert all(malt.sibling_pairs(lab) == [] for lab in (lab_g, lab_v, lab_r))
+
+
+def test_branching_one_is_the_chain_itself():
+    reward = np.array([1, 0, 1]).reshape(3, 1, 1, 1)
+    v_g, v_v, v_r = malt.value_iteration(reward)
+    np.testing.assert_array_equal(v_g.ravel(), [1, 0, 1])
+    np.testing.assert_array_equal(v_v.ravel(), [1, 0, 1])
+    assert all(malt.sibling_pairs(lab) == [] for lab in malt.labels(reward))  # one child: no siblings
+
+
+def test_global_and_local_pooling_differ_where_worked_out():
+    # g0: critiques worth 1/3, 1/3, 1 -> V = 5/9 > 0.5 (global +), but 1 of 3 critiques positive (local -)
+    # g1: critiques worth 2/3, 2/3, 0 -> V = 4/9 (global -), but 2 of 3 critiques positive (local +)
+    # g2: all 1 -> both +
+    reward = np.zeros((1, 3, 3, 3))
+    reward[0, 0, 0, 0] = reward[0, 0, 1, 0] = 1
+    reward[0, 0, 2] = 1
+    reward[0, 1, 0, :2] = reward[0, 1, 1, :2] = 1
+    reward[0, 2] = 1
+    np.testing.assert_allclose(malt.value_iteration(reward)[0], [[5 / 9, 4 / 9, 1]])
+    np.testing.assert_array_equal(malt.labels(reward, "global")[0], [[True, False, True]])
+    np.testing.assert_array_equal(malt.labels(reward, "local")[0], [[False, True, True]])
+    agree = malt.pooling_agreement(reward)
+    assert agree == {"generator": pytest.approx(1 / 3), "verifier": 1.0}
+
+
+def test_preference_pairs_by_hand():
+    tree = hand_tree()
+    pairs = malt.preference_pairs(tree, "global")
+    rp = malt.refiner_prompt
+    # refiner: siblings under (g0, v00): r000 (1) vs r001 (0); under (g1, v11): r111 (1) vs r110 (0)
+    assert pairs["refiner"] == [(rp("Q?", "g0", "v00"), "r000", "r001"), (rp("Q?", "g1", "v11"), "r111", "r110")]
+    # verifier values: g0 -> (0.5, 1): v01 positive, v00 negative (0.5 is not > 0.5); g1 -> (0, 0.5): no positive
+    assert pairs["verifier"] == [(malt.verifier_prompt("Q?", "g0"), "v01", "v00")]
+    # generator values 0.75 and 0.25
+    assert pairs["generator"] == [(malt.generator_prompt("Q?"), "g0", "g1")]
+    # local pooling: g0's critiques are (-, +): no majority, so g0 is negative too and D_G is empty
+    assert malt.preference_pairs(tree, "local")["generator"] == []
+
+
+def test_sft_examples_are_the_positive_nodes():
+    sft = malt.sft_examples(hand_tree())
+    assert [c for _, c in sft["generator"]] == ["g0"]
+    assert [c for _, c in sft["verifier"]] == ["v01"]
+    assert [c for _, c in sft["refiner"]] == ["r000", "r010", "r011", "r111"]
+    assert sft["refiner"][3][0] == malt.refiner_prompt("Q?", "g1", "v11")
+
+
+def test_pair_counts_are_positive_times_negative_per_parent():
+    rng = np.random.default_rng(0)
+    reward = rng.integers(0, 2, size=(4, 3, 3, 3))
+    for lab in malt.labels(reward):
+        expected = sum(int(row.sum()) * int((~row).sum()) for row in lab.reshape(-1, lab.shape[-1]))
+        assert len(malt.sibling_pairs(lab)) == expected
+
+
+def test_bad_inputs_name_the_parameter():
+    with pytest.raises(ValueError, match="pooling"):
+        malt.labels(REWARD_N2, "median")
+    with pytest.raises(ValueError, match="reward"):
+        malt.value_iteration(np.full((1, 2, 2, 2), 0.5))
+    with pytest.raises(ValueError, match="role"):
+        with malt.use_role(None, "critic"):
+            pass
+
+
+def test_majority_vote_and_ties():
+    assert malt.majority_vote([3, 5, 5]) == 5
+    assert malt.majority_vote([3, 5, 7]) == 3           # three-way tie: the first chain's answer
+    assert malt.majority_vote([None, 4, 2]) == 4        # missing answers do not vote
+    assert malt.majority_vote([2, None, 2]) == 2
+    assert malt.majority_vote([None, None]) is None
+
+
+def test_vote_accuracy_and_flips():
+    rows = [
+        {"question": 0, "chain": 0, "answer": 5, "final_answer": 5, "g_correct": False, "correct": True},
+        {"question": 0, "chain": 1, "answer": 5, "final_answer": 4, "g_correct": True, "correct": False},
+        {"question": 0, "chain": 2, "answer": 5, "final_answer": 5, "g_correct": True, "correct": True},
+        {"question": 1, "chain": 0, "answer": 9, "final_answer": None, "g_correct": False, "correct": False},
+        {"question": 1, "chain": 1, "answer": 9, "final_answer": 8, "g_correct": False, "correct": False},
+        {"question": 1, "chain": 2, "answer": 9, "final_answer": 9, "g_correct": False, "correct": True},
+    ]
+    assert malt.vote_accuracy(rows) == (1, 2)          # question 1: tie 8 vs 9, the earlier chain (8) wins
+    assert malt.flips(rows) == {"wrong_to_right": 2, "right_to_wrong": 1, "right_to_right": 1, "wrong_to_wrong": 2}
+
+
+def test_subsample_is_seeded_and_ordered():
+    items = list(range(50))
+    a, b = malt.subsample(items, 10, seed=3), malt.subsample(items, 10, seed=3)
+    assert a == b and a == sorted(a) and len(set(a)) == 10
+    assert malt.subsample(items[:5], 10) == items[:5]
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_adapter_switching_between_roles():
+    base, tok = models.tiny_model(seed=1)
+    ids = torch.tensor([tok("hello there", add_special_tokens=False)["input_ids"]])
+    before = _logits(base, ids).clone()
+    model = malt.add_role_adapters(base, r=4, alpha=8)
+    assert set(model.peft_config) == set(malt.ROLES)
+    with torch.no_grad():                               # give each role its own non-zero LoRA B
+        for i, role in enumerate(malt.ROLES):
+            for name, p in model.named_parameters():
+                if f"lora_B.{role}." in name:
+                    p.fill_(0.05 * (i + 1))
+    out = {}
+    for role in malt.ROLES:
+        with malt.use_role(model, role):
+            out[role] = _logits(model, ids)
+            assert model.active_adapter == role
+    with malt.use_role(model, None):
+        torch.testing.assert_close(_logits(model, ids), before)
+    assert not torch.allclose(out["generator"], out["verifier"])
+    assert not torch.allclose(out["verifier"], out["refiner"])
+    assert not torch.allclose(out["generator"], before)
+    saved = malt.adapter_state(model, "verifier")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B.verifier." in name:
+                p.zero_()
+    malt.load_adapter_state(model, "verifier", saved)
+    with malt.use_role(model, "verifier"):
+        torch.testing.assert_close(_logits(model, ids), out["verifier"])
+
+
+def _tiny_roles(seed=0):
+    model, tok = models.tiny_model(seed=seed)
+    return malt.add_role_adapters(model, r=8, alpha=16), tok
+
+
+PAIRS = [("say a", "aaaa", "zzzz"), ("say b", "abab", "zyzy"), ("go", "aaba", "zzyz"), ("hi", "baaa", "yzzz")]
+
+
+def test_dpo_with_sft_reference_starts_at_log2_and_learns():
+    model, tok = _tiny_roles()
+    cfg = dpo.PreferenceConfig(lr=5e-3, epochs=1, batch_size=4, beta=0.5, seed=0)
+    dpo.train_sft(model, tok, [(p, c) for p, c, _ in PAIRS], cfg, adapter_name="refiner", progress=False)
+    sft_state = malt.adapter_state(model, "refiner")
+    rows = malt.train_dpo_sft_reference(model, tok, PAIRS * 4, dpo.PreferenceConfig(
+        lr=5e-3, epochs=3, batch_size=4, beta=0.5, seed=0), "refiner")
+    # reference = the SFT adapter itself, so the first margin is 0 and the loss is log 2 exactly
+    assert rows[0]["margin"] == pytest.approx(0.0, abs=1e-4)
+    assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert rows[-1]["margin"] > 1.0 and rows[-1]["accuracy"] == 1.0
+    # the base-reference path (dpo.train_dpo) starts away from 0 after SFT moved the adapter
+    malt.load_adapter_state(model, "refiner", sft_state)
+    logs = malt.train_role(model, tok, "refiner", [], PAIRS, cfg, cfg, reference="base", stage="dpo")
+    assert logs["sft"] == [] and abs(logs["dpo"][0]["margin"]) > 1e-3
+
+
+def test_train_role_touches_only_its_adapter():
+    model, tok = _tiny_roles()
+    before = {r: malt.adapter_state(model, r) for r in malt.ROLES}
+    cfg = dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, beta=0.1, seed=0)
+    logs = malt.train_role(model, tok, "verifier", [(p, c) for p, c, _ in PAIRS], PAIRS, cfg, cfg)
+    assert len(logs["sft"]) == 2 and len(logs["dpo"]) == 2
+    after = {r: malt.adapter_state(model, r) for r in malt.ROLES}
+    changed = {r: any(not torch.equal(before[r][k], after[r][k]) for k in before[r]) for r in malt.ROLES}
+    assert changed == {"generator": False, "verifier": True, "refiner": False}
+    with pytest.raises(ValueError, match="reference"):
+        malt.train_role(model, tok, "verifier", [], PAIRS, cfg, cfg, reference="ema")
+
+
+def test_sample_trees_and_chains_shapes():
+    model, tok = _tiny_roles()
+    problems = tasks.make_level("1d-1step-add", 2, seed=0)
+    tree = malt.sample_trees(model, tok, problems, n=2, tokens=(4, 3, 4), temperature=1.0, seed=0, batch_size=8)
+    assert len(tree["g"]) == 4 and len(tree["v"]) == 8 and len(tree["r"]) == 16
+    assert set(tree["reward"]) <= {0, 1} and malt.rewards(tree).shape == (2, 2, 2, 2)
+    again = malt.sample_trees(model, tok, problems, n=2, tokens=(4, 3, 4), temperature=1.0, seed=0, batch_size=8)
+    assert again == tree                                # seeded
+    rows = malt.run_chains(model, tok, problems, k=3, trained=True, tokens=(4, 3, 4), seed=0)
+    assert len(rows) == 6 and [r["chain"] for r in rows[:3]] == [0, 1, 2]
+    g_only = malt.run_chains(model, tok, problems, k=2, generator_only=True, tokens=(4, 3, 4), seed=0)
+    assert all(r["v"] is None and r["correct"] == r["g_correct"] for r in g_only)
+    with pytest.raises(ValueError, match="tokens"):
+        malt.sample_trees(model, tok, problems, tokens=(4, 4))
