@@ -1,0 +1,174 @@
+import itertools
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+from replication import debate, debate_sim as ds
+
+STORY = "Before the storm, Ines hid the brass key in the \u201cblue lantern\u201d. Tomas searched the cargo-bay all night!"
+
+
+@pytest.mark.parametrize("raw, norm", [("\u201cHello,\u201d she said.", "hello she said"),
+                                       ("It\u2019s   the  CAPTAIN'S\tlocker!", "its the captains locker"),
+                                       ("cargo-bay", "cargobay"), ("  ", "")])
+def test_normalize_follows_the_authors(raw, norm):
+    assert debate.normalize(raw) == norm
+
+
+@pytest.mark.parametrize("quote, verified", [
+    ("Ines hid the brass key", True),                          # exact span
+    ("ines HID the brass key in the \"blue lantern\"", True),  # case, straight vs curly quotes
+    ("the storm Ines hid", True),                              # punctuation (comma) ignored
+    ("searched the cargo-bay all night", True),                # partial sentence, hyphen kept on both sides
+    ("key in the blue", True),                                 # partial quote inside a sentence
+    ("Tomas hid the brass key", False),                        # fabricated
+    ("Ines hid the silver key", False),                        # one word changed
+    ("lantern Tomas searched", True),                          # across a sentence boundary, punctuation stripped
+    ("", False),                                               # empty quote
+])
+def test_quote_verification(quote, verified):
+    text, n, v = debate.verify_quotes(f"I say <quote>{quote}</quote> clearly.", STORY)
+    tag = "v_quote" if verified else "u_quote"
+    assert text == f"I say <{tag}>{quote}</{tag}> clearly." and (n, v) == (1, int(verified))
+
+
+def test_several_quotes_and_unclosed_tags():
+    text, n, v = debate.verify_quotes("<quote>Ines hid</quote> but <quote>Mei hid</quote> and <quote>open", STORY)
+    assert (n, v) == (2, 1) and "<v_quote>Ines hid</v_quote>" in text and "<u_quote>Mei hid</u_quote>" in text
+    assert text.endswith("<quote>open")
+
+
+def test_word_limit():
+    text = " ".join(f"w{i}" for i in range(100))
+    assert len(debate.limit_words(text, 40).split()) == 40
+    assert debate.limit_words("short one", 40) == "short one"
+    assert debate.limit_words("a <quote>b c d e", 3) == "a <quote>b c</quote>"
+    with pytest.raises(ValueError, match="limit"):
+        debate.limit_words(text, 0)
+
+
+ITEM = {"correct": "in the old shuttle", "distractor": "in the blue lantern", "question": "Where?", "story": "s"}
+
+
+@pytest.mark.parametrize("text, first, result", [("A", True, True), ("B", True, False), ("A", False, False),
+                                                 ("Answer: B.", False, True), ("It was in the old shuttle.", True, True),
+                                                 ("in the blue lantern", False, False), ("A or B", True, None),
+                                                 ("no idea", True, None), (None, True, None)])
+def test_parse_judgment(text, first, result):
+    assert debate.parse_judgment(text, ITEM, correct_first=first) == result
+
+
+def test_judge_prompt_swaps_answers_and_debaters():
+    tr = [["for correct", "for distractor"]]
+    p1 = debate.judge_prompt(ITEM, "debate", tr, correct_first=True)
+    p2 = debate.judge_prompt(ITEM, "debate", tr, correct_first=False)
+    assert "A: in the old shuttle" in p1 and "Debater for A: for correct" in p1
+    assert "A: in the blue lantern" in p2 and "Debater for A: for distractor" in p2
+    assert "Story:" not in p1 and "Story: s" in debate.judge_prompt(ITEM, "expert")
+    c = debate.judge_prompt({**ITEM, "side": "distractor"}, "consultancy", [["x"]], correct_first=True)
+    assert "Consultant for B: x" in c
+    with pytest.raises(ValueError, match="kind"):
+        debate.judge_prompt(ITEM, "oracle")
+
+
+def test_accuracy_definition():
+    acc = debate.accuracy([0.9, 0.6, 0.5, 0.2])
+    assert acc["accuracy"] == pytest.approx(2.5 / 4) and acc["n"] == 4
+    assert acc["se"] == pytest.approx(np.sqrt(0.625 * 0.375 / 4))
+    with pytest.raises(ValueError):
+        debate.accuracy([])
+
+
+def test_stories_are_reproducible_and_stored():
+    a = debate.make_stories(30, seed=3)
+    assert a == debate.make_stories(30, seed=3) and a != debate.make_stories(30, seed=4)
+    for s in a:
+        words = len(s["story"].split())
+        assert 80 <= words <= 150
+        assert s["correct"] != s["distractor"]
+        # both answers appear in the story, so only reading it tells them apart
+        for ans in (s["correct"], s["distractor"]):
+            assert ans.replace("in ", "", 1).replace(" days", "").replace("the ", "", 1) in s["story"]
+    assert debate.load_stories(10) == debate.make_stories(10, seed=0)
+
+
+def test_protocols_on_tiny_model(tiny):
+    model, tok = tiny
+    items = debate.make_stories(2, seed=0)
+    out = debate.run_protocol(model, tok, items, "debate", rounds=2, word_limit=5, best_of=2, seed=0, batch_size=4)
+    assert len(out["transcripts"]) == 2 and all(len(t) == 2 and len(t[0]) == 2 for t in out["transcripts"])
+    assert all(a["words"] <= 5 and a["candidates"] == 2 for a in out["arguments"]) and len(out["arguments"]) == 8
+    again = debate.run_protocol(model, tok, items, "debate", rounds=2, word_limit=5, best_of=2, seed=0, batch_size=4)
+    assert again["transcripts"] == out["transcripts"]
+    cons = debate.run_protocol(model, tok, items, "consultancy", rounds=1, word_limit=5, seed=0, batch_size=4)
+    assert [it["side"] for it in cons["items"]] == ["correct", "distractor"] * 2
+    j = debate.judge(model, tok, out["items"], "debate", out["transcripts"], batch_size=4)
+    assert np.allclose(j["p_correct"], (j["p_correct_first"] + j["p_correct_second"]) / 2) and len(j["p_says_a"]) == 4
+
+
+def _legal(pairs, bye, n):
+    seen = [p for pair in pairs for p in pair] + ([bye] if bye is not None else [])
+    return sorted(seen) == list(range(n))
+
+
+def test_swiss_pairing_no_rematches_and_byes():
+    for n in (6, 7, 20, 21):
+        calls = []
+
+        def play(i, j):
+            calls.append((i, j))
+            return (0.7, 0.6) if i < j else (0.3, 0.2)
+
+        matches, scores, byes = ds.swiss_tournament(n, play, num_rounds=4)
+        pairs = [frozenset((m["i"], m["j"])) for m in matches]
+        assert len(set(pairs)) == len(pairs), "no rematches"
+        assert len(matches) == 4 * (n // 2) and len(calls) == len(matches)
+        assert len(byes) == (4 if n % 2 else 0) and len(set(byes)) == len(byes), "a player gets at most one bye"
+        assert scores.sum() == pytest.approx(len(matches) + len(byes))
+        assert all(m["w"] == pytest.approx((m["w1"] + m["w2"]) / 2) for m in matches), "both assignments"
+    assert ds.swiss_rounds(20) == 3 and ds.swiss_rounds(4) == 2
+
+
+def test_swiss_pairing_backtracks_to_avoid_rematch():
+    # 0-1 and 2-3 met; greedy 0-1 is illegal, 0-2 then forces 1-3 (legal)
+    played = {frozenset((0, 1)), frozenset((2, 3))}
+    pairs, bye = ds.swiss_pairing([3, 2, 1, 0], played)
+    assert bye is None and _legal(pairs, bye, 4)
+    assert not any(frozenset(p) in played for p in pairs)
+    # scores order the pairing: top two meet first
+    pairs, bye = ds.swiss_pairing([0, 5, 1, 4, 2], set())
+    assert pairs[0] == (1, 3) and bye == 0
+
+
+def test_elo_fit_recovers_known_ratings():
+    true = np.array([1250.0, 1400, 1500, 1550, 1700, 1850])
+    i, j = map(np.array, zip(*itertools.combinations(range(6), 2)))
+    r = ds.fit_elo(i, j, ds.elo_win_prob(true[i], true[j]), 6)
+    assert np.allclose(r - r.mean(), true - true.mean(), atol=1.0)
+    # with noisy win rates, Nelder-Mead reaches the same optimum as a gradient method
+    rng = np.random.default_rng(0)
+    w = np.clip(ds.elo_win_prob(true[i], true[j]) + rng.normal(0, 0.05, len(i)), 0, 1)
+    r = ds.fit_elo(i, j, w, 6)
+    ref = minimize(lambda x: np.sum((ds.elo_win_prob(x[i], x[j]) - w) ** 2), np.full(6, 1500.0), method="BFGS").x
+    assert np.allclose(r - r.mean(), ref - ref.mean(), atol=2.0)
+
+
+def test_side_elo_recovers_correct_and_incorrect_ratings():
+    ec, ei = np.array([1600.0, 1700, 1550, 1800]), np.array([1400.0, 1350, 1500, 1450])
+    c, k = map(np.array, zip(*[(a, b) for a in range(4) for b in range(4) if a != b]))
+    fc, fi = ds.fit_elo_sides(c, k, ds.elo_win_prob(ec[c], ei[k]), 4)
+    shift = np.r_[ec, ei].mean() - 1500
+    assert np.allclose(fc, ec - shift, atol=2.0) and np.allclose(fi, ei - shift, atol=2.0)
+
+
+def test_simulated_world_truth_advantage_matters():
+    rng = np.random.default_rng(0)
+    world = ds.World(n_questions=2000, truth_advantage=0.3, seed=0)
+    assert world.self_play_accuracy(3.0, rng) > world.self_play_accuracy(0.3, rng) > 0.5
+    null = ds.World(n_questions=2000, truth_advantage=0.0, evidence_noise=0.0, seed=0)
+    assert abs(null.self_play_accuracy(3.0, rng) - 0.5) < 0.05
+    strong = world.consultancy_accuracy(5.0, rng)
+    assert strong["win_rate"] > 0.9 and strong["accuracy"] < world.consultancy_accuracy(0.5, rng)["accuracy"]
+    with pytest.raises(ValueError, match="judge_noise"):
+        ds.World(judge_noise=-1)
