@@ -205,6 +205,13 @@ def win_rate(p) -> dict:
     return {"win_rate": float(p.mean()), "ci95": [float(ci.low), float(ci.high)]}
 
 
+def paired_difference(a, b) -> dict:
+    """Mean of a - b over the same prompts with a 95% paired percentile bootstrap interval."""
+    d = np.asarray(a, float) - np.asarray(b, float)
+    out = win_rate(d)
+    return {"difference": out["win_rate"], "ci95": out["ci95"]}
+
+
 def lc_win_rate(p, len_model, len_ref) -> dict:
     """Length-controlled win rate (the AlpacaEval GLM idea): fit logit P(win) = theta + phi * tanh(d / sd(d))
     with d the length difference in words (statsmodels binomial GLM on the win probabilities) and report
@@ -225,20 +232,23 @@ def lc_win_rate(p, len_model, len_ref) -> dict:
 
 
 def evaluate(model, tok, judge, problems, reference, max_new_tokens: int = 48, seed: int = 0,
-             progress: bool = True):
-    """Greedy replies on held-out problems judged against the reference replies: per-problem rows and a
-    summary with the win rate, the length-controlled win rate and task accuracy (95% intervals)."""
+             progress: bool = True, replies=None):
+    """Greedy replies on held-out problems (or the given replies) judged against the reference replies:
+    per-problem rows and a summary with the win rate, the length-controlled win rate and task accuracy
+    (95% intervals)."""
     import pandas as pd
 
     from . import stats as st
 
-    gen = models.generate(model, tok, [p.prompt() for p in problems], max_new_tokens, seed=seed, progress=progress)
+    if replies is None:
+        replies = models.generate(model, tok, [p.prompt() for p in problems], max_new_tokens, seed=seed,
+                                  progress=progress).texts
     qs, ans = [p.question for p in problems], [p.answer for p in problems]
-    df = pd.DataFrame({"id": [p.id for p in problems], "reply": gen.texts, "reference": list(reference),
-                       "p_win": judge.p_win(qs, ans, gen.texts, reference),
-                       "correct": [tasks.verify(t, a) for t, a in zip(gen.texts, ans)],
-                       "format": [tasks.has_format(t) for t in gen.texts],
-                       "words": [words(t) for t in gen.texts], "ref_words": [words(t) for t in reference]})
+    df = pd.DataFrame({"id": [p.id for p in problems], "reply": list(replies), "reference": list(reference),
+                       "p_win": judge.p_win(qs, ans, replies, reference),
+                       "correct": [tasks.verify(t, a) for t, a in zip(replies, ans)],
+                       "format": [tasks.has_format(t) for t in replies],
+                       "words": [words(t) for t in replies], "ref_words": [words(t) for t in reference]})
     wr, lc = win_rate(df["p_win"]), lc_win_rate(df["p_win"], df["words"], df["ref_words"])
     acc, lo, hi = st.proportion_ci(int(df["correct"].sum()), len(df))
     return df, {"win_rate": wr["win_rate"], "win_rate_ci95": wr["ci95"], "lc_win_rate": lc["lc_win_rate"],
@@ -283,10 +293,14 @@ class Arena:
 
     def __init__(self, judge, regime: str, length_margin: int = 20):
         self.judge, self.regime, self.length_margin = judge, regime, length_margin
-        self.rng, self.last = np.random.default_rng(0), None
+        self.rng, self.last, self.rollouts = np.random.default_rng(0), None, {}
 
     def __call__(self, prompts, completions, metadata):
         qs, ans = [m["question"] for m in metadata], [m["answer"] for m in metadata]
+        self.rollouts = {"quality": float(np.mean([quality(c, a) for c, a in zip(completions, ans)])),
+                         "accuracy": float(np.mean([tasks.verify(c, a) for c, a in zip(completions, ans)])),
+                         "format_rate": float(np.mean([tasks.has_format(c) for c in completions])),
+                         "words": float(np.mean([words(c) for c in completions]))}
         if self.regime == "point":
             self.last = None
             return self.judge.scores(qs, ans, completions, self.rng).tolist()
@@ -322,7 +336,8 @@ def train(model, tok, judge, problems, pool: dict, ratings, cfg: EvolveConfig, g
     config.check_range("prompts_per_step", cfg.prompts_per_step, 1, len(problems))
     arena = Arena(judge, cfg.regime, cfg.length_margin)
     trainer = GRPOTrainer(model, tok, arena, grpo_cfg)
-    if folder is not None and folder.done:
+    if folder is not None and folder.done:  # trained already: load the final weights
+        folder.restore(model, trainer.optimizer)
         return folder.rows()
     state = folder.restore(model, trainer.optimizer) if folder is not None else {"step": 0, "extra": {}}
     rating = state["extra"].get("rating", cfg.start_rating)
@@ -339,7 +354,8 @@ def train(model, tok, judge, problems, pool: dict, ratings, cfg: EvolveConfig, g
                 for i, o in zip(idx, opp if opp is not None else [0] * len(idx))]
         arena.rng = np.random.default_rng([cfg.seed, step, 1])
         row = trainer.step([problems[i].prompt() for i in idx], meta, step=step)
-        row.update(rating_before=rating, probs=probs.tolist(), regime=cfg.regime)
+        row.update(rating_before=rating, probs=probs.tolist(), regime=cfg.regime,
+                   **{f"rollout_{k}": v for k, v in arena.rollouts.items()})
         if arena.last is not None:
             s = arena.last
             row.update(win_rate=float(s.mean()), opponents=[names[o] for o in opp])
@@ -354,3 +370,33 @@ def train(model, tok, judge, problems, pool: dict, ratings, cfg: EvolveConfig, g
     if folder is not None:
         folder.mark_done({"steps": cfg.steps, "config": asdict(cfg), "rating": rating})
     return rows
+
+
+def split(level: str, n_train: int, n_eval: int, seed: int = 0):
+    """Training and held-out problems of a level with no question text in both."""
+    train = tasks.make_level(level, n_train, seed=seed)
+    seen = {p.question for p in train}
+    heldout = [p for p in tasks.make_level(level, n_eval + n_train, seed=seed + 10_000) if p.question not in seen]
+    if len(heldout) < n_eval:
+        raise ValueError(f"n_eval={n_eval} is not allowed; level {level} has only {len(heldout)} unseen questions")
+    return train, heldout[:n_eval]
+
+
+def train_and_evaluate(name: str, model_name: str, judge, problems, heldout, reference, pool: dict, ratings,
+                       cfg: EvolveConfig, grpo_cfg, cache, lora_r: int = 16, key: dict = None, progress=True):
+    """Train one regime on a fresh LoRA adapter (cached by config) and evaluate it on held-out problems
+    (cached beside the run). Returns (step rows, evaluation summary, evaluation rows)."""
+    from . import training
+
+    key = {"regime": asdict(cfg), "grpo": asdict(grpo_cfg), "model": str(model_name), "lora_r": lora_r,
+           "pool": files.digest(pool), "ratings": [float(r) for r in ratings], **(key or {})}
+    folder = training.RunFolder.keyed(cache, name, key)
+    model, tok = models.load_model(model_name)
+    model = models.add_lora(model, r=lora_r, alpha=2 * lora_r)
+    rows = train(model, tok, judge, problems, pool, ratings, cfg, grpo_cfg, folder, progress)
+    path = folder.path / "eval.json"
+    if not path.is_file():
+        df, summary = evaluate(model, tok, judge, heldout, reference, grpo_cfg.max_new_tokens, cfg.seed, progress)
+        files.write_json(path, {"summary": summary, "rows": df.to_dict("records")})
+    ev = files.read_json(path)
+    return rows, ev["summary"], ev["rows"]

@@ -168,3 +168,12 @@ def test_resume_restores_weights_and_rating(tmp_path):
 def test_bad_config_is_named(bad, match):
     with pytest.raises(ValueError, match=match):
         evolve.EvolveConfig(**bad).validate(["weak", "mid"])
+
+
+def test_a_finished_run_loads_its_final_weights(tmp_path):
+    folder = training.RunFolder(tmp_path / "done")
+    *_, trained = run_regime(tmp_path, "static", opponent="mid", steps=2, folder=folder)
+    rows, judge, *_, reloaded = run_regime(tmp_path, "static", opponent="mid", steps=2, folder=folder)
+    assert judge.seen == [] and len(rows) == 2           # nothing was generated or judged again
+    a, b = training.trainable(trained), training.trainable(reloaded)
+    assert all(torch.equal(a[k], b[k]) for k in a)
