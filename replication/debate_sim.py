@@ -186,3 +186,36 @@ class World:
         acc_c = self.consultancy(s, True, rng).mean()
         acc_i = 1 - self.consultancy(s, False, rng).mean()
         return {"accuracy": float((acc_c + acc_i) / 2), "win_rate": float((acc_c + 1 - acc_i) / 2)}
+
+
+def study(n_debaters: int = 20, num_rounds: int = 4, skill_range=(0.2, 3.0), seed: int = 0, **world) -> dict:
+    """One simulated cross-play study: debaters with persuasiveness drawn from skill_range play a Swiss
+    tournament and a round robin; Elo is fitted to both; every debater also plays self-play debate and
+    consultancy. Returns per-debater arrays and the statistics that test the paper's findings."""
+    from scipy import stats
+
+    config.check_int("n_debaters", n_debaters, minimum=3)
+    rng = np.random.default_rng(seed)
+    w = World(seed=seed, **world)
+    skills = np.sort(rng.uniform(*skill_range, n_debaters))
+    swiss, _, byes = swiss_tournament(n_debaters, w.player(skills, rng), num_rounds)
+    rr = round_robin(n_debaters, w.player(skills, rng))
+    elo = ratings(swiss, n_debaters)
+    elo_rr = fit_elo([m["i"] for m in rr], [m["j"] for m in rr], [m["w"] for m in rr], n_debaters)
+    self_play = np.array([w.self_play_accuracy(s, rng) for s in skills])
+    cons = [w.consultancy_accuracy(s, rng) for s in skills]
+    cons_acc, cons_win = np.array([c["accuracy"] for c in cons]), np.array([c["win_rate"] for c in cons])
+    gap = elo["correct"] - elo["incorrect"]
+    return {"skills": skills, "elo": elo, "elo_rr": elo_rr, "self_play": self_play, "consultancy": cons_acc,
+            "consultant_win_rate": cons_win, "swiss_matches": len(swiss), "round_robin_matches": len(rr),
+            "byes": len(byes),
+            "stats": {"elo_accuracy_corr": float(stats.pearsonr(elo["aggregate"], self_play)[0]),
+                      "correct_minus_incorrect_elo": float(gap.mean()),
+                      "gap_vs_aggregate_slope": float(np.polyfit(elo["aggregate"], gap, 1)[0]),
+                      "consultancy_trend": float(stats.spearmanr(cons_win, cons_acc)[0]),
+                      "consultancy_slope": float(np.polyfit(cons_win, cons_acc, 1)[0]),
+                      "debate_minus_consultancy": float((self_play - cons_acc).mean()),
+                      "swiss_vs_roundrobin_kendall_tau": float(stats.kendalltau(elo["aggregate"], elo_rr)[0]),
+                      "swiss_vs_true_kendall_tau": float(stats.kendalltau(elo["aggregate"], skills)[0]),
+                      "roundrobin_vs_true_kendall_tau": float(stats.kendalltau(elo_rr, skills)[0]),
+                      "elo_spread": float(elo["aggregate"].std())}}
