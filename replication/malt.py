@@ -276,3 +276,65 @@ def flips(rows) -> dict:
         key = f"{'right' if row['g_correct'] else 'wrong'}_to_{'right' if row['correct'] else 'wrong'}"
         out[key] += 1
     return out
+
+
+def paired_diff_ci(a, b, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> tuple:
+    """(mean(a) - mean(b), low, high): percentile bootstrap over questions for paired 0/1 outcomes."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or not len(a):
+        raise ValueError("a and b must be equally long, non-empty 1-d sequences of per-question outcomes")
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(n_boot, len(a)))
+    diffs = a[idx].mean(1) - b[idx].mean(1)
+    return float(a.mean() - b.mean()), float(np.quantile(diffs, alpha / 2)), float(np.quantile(diffs, 1 - alpha / 2))
+
+
+def cached(base, name: str, key: dict, fn, kind: str = "json"):
+    """fn() computed once per key under base/<name>-<hash>/ (JSON or torch), reloaded afterwards."""
+    from . import files
+
+    config.check_choice("kind", kind, ("json", "torch"))
+    folder = training.RunFolder.keyed(base, name, key)
+    path = folder.path / f"result.{'json' if kind == 'json' else 'pt'}"
+    if folder.done and path.is_file():
+        return files.read_json(path) if kind == "json" else torch.load(path, weights_only=False)
+    out = fn()
+    if kind == "json":
+        files.write_json(path, out)
+    else:
+        tmp = path.with_suffix(".tmp")
+        torch.save(out, tmp)
+        tmp.replace(path)
+    folder.mark_done({"file": path.name})
+    return out
+
+
+def plot_tree(tree, q: int, ax=None):
+    """Draw question q's tree: generator, verifier and leaf nodes left to right, values shown, leaves by reward."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.gca()
+    n = tree["n"]
+    v_g, v_v, v_r = (x[q] for x in value_iteration(rewards(tree)))
+    leaves = n**3
+    y_r = np.arange(leaves)[::-1].reshape(n, n, n).astype(float)
+    y_v, y_g = y_r.mean(-1), y_r.mean((-1, -2))
+    y_q = y_g.mean()
+    cmap = plt.get_cmap("RdYlGn")
+    for j in np.ndindex(n):
+        ax.plot([0, 1], [y_q, y_g[j]], color="0.7", lw=1, zorder=1)
+        for k in range(n):
+            ax.plot([1, 2], [y_g[j], y_v[j][k]], color="0.7", lw=1, zorder=1)
+            for m in range(n):
+                ax.plot([2, 3], [y_v[j][k], y_r[j][k][m]], color="0.8", lw=0.8, zorder=1)
+    ax.scatter([0], [y_q], s=120, color="0.5", zorder=2)
+    for x, ys, vals, size in ((1, y_g, v_g, 260), (2, y_v, v_v, 160), (3, y_r, v_r, 60)):
+        ax.scatter(np.full(ys.size, x), ys.ravel(), c=vals.ravel(), cmap=cmap, vmin=0, vmax=1, s=size,
+                   edgecolors="k", linewidths=0.5, zorder=2)
+        if x < 3:
+            for y, v in zip(ys.ravel(), vals.ravel()):
+                ax.annotate(f"{v:.2f}", (x, y), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=7)
+    ax.set_xticks([0, 1, 2, 3], ["question", "generator\nV(g)", "verifier\nV(v)", "refiner\nreward"])
+    ax.set_yticks([])
+    ax.set_xlim(-0.3, 3.3)
+    ax.grid(False)
+    return ax
