@@ -1,0 +1,156 @@
+"""Multi-Agent Evolve: the authors' score parsing, the reward formulas, the filter, per-role whitening, the loop."""
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import mannwhitneyu
+
+from replication import mae, models, tasks, training
+
+
+@pytest.mark.parametrize("text, raw, source", [
+    ("good. <score>8</score>", 8.0, "tag"),                       # integer in the tag
+    ("<SCORE> 7.5 </Score>", 7.5, "tag"),                          # float, tag case-insensitive
+    ("<score>8/10</score>", 8.0, "tag"),                           # fraction a/b -> 10 a / b
+    ("<score>3/5</score> later 9", 6.0, "tag"),                    # fraction first, the tag wins over later numbers
+    ("<score>6.5 or 7</score>", 6.5, "tag"),                       # float before integer
+    ("<score>\n9\n</score>", 9.0, "tag"),                          # multi-line tag
+    ("<score>x/0 then 4</score>", 0.0, "tag"),                     # zero denominator: no fraction; integer 0 is read
+    ("<score>high</score> I give it 6 of 10", 10.0, "fallback"),   # unparsable tag -> last number in the text
+    ("Step 2 gives 3, so 7.5", 7.5, "fallback"),                   # no tag -> last number (float)
+    ("no numbers at all", None, "none"),
+    ("", None, "none"),
+    (None, None, "none"),
+])
+def test_read_score_every_branch(text, raw, source):
+    assert mae.read_score(text) == (raw, source)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<score>1</score>", 0.0), ("<score>10</score>", 1.0), ("<score>5.5</score>", 0.5),
+    ("<score>4</score>", 1 / 3), ("<score>0</score>", 0.0), ("<score>25</score>", 1.0),  # clipped
+    ("<score>-3</score>", 0.0), ("the answer is 12", 1.0), ("nothing", 0.5),
+])
+def test_parse_score_normalises_and_clips(text, expected):
+    assert mae.parse_score(text) == pytest.approx(expected)
+
+
+def test_tags_and_question_extraction():
+    assert mae.has_tag("a <score>3</score>", "score") and not mae.has_tag("<score> </score>", "score")
+    assert not mae.has_tag("<score>3", "score")
+    assert mae.extract_question("Ann has 2 cats. How many?</question> more") == ("Ann has 2 cats. How many?", True)
+    assert mae.extract_question("Ann has 2 cats. How many does she have?\nSolution: 2") == \
+        ("Ann has 2 cats. How many does she have?", False)
+    assert mae.extract_question("Ann has 2 cats. How many?", strict=True) == (None, False)
+    assert mae.extract_question("no question mark here at all") == (None, False)
+    assert mae.extract_question("") == (None, False)
+
+
+def test_rewards_against_hand_values():
+    # above the threshold: (q + d + f) / 3
+    assert mae.proposer_reward(0.8, 0.5, True) == pytest.approx((0.8 + 0.5 + 1) / 3)
+    assert mae.proposer_reward(0.9, 0.3, False) == pytest.approx(0.4)
+    # below it: the difficulty term is dropped
+    assert mae.proposer_reward(0.6, 0.9, True) == pytest.approx((0.6 + 1) / 3)
+    assert mae.proposer_reward(0.7, 0.9, False) == pytest.approx((0.7 + 0.9) / 3)  # threshold itself counts
+    assert mae.proposer_reward(0.9, 0.9, True, valid=False) == 0.0                 # no question: 0
+    assert mae.difficulty([1.0, 0.5, 0.0, 0.25, 0.75]) == pytest.approx(0.5)
+    assert mae.solver_reward(0.6, True) == pytest.approx(0.8) and mae.solver_reward(0.6, False) == pytest.approx(0.3)
+    assert mae.judge_reward("fine <score>8</score>") == 1.0 and mae.judge_reward("I give it 8") == 0.0
+
+
+def test_quality_filter_threshold():
+    assert mae.passes_filter(0.7) and mae.passes_filter(1.0) and not mae.passes_filter(0.69999)
+    # raw score 7.3 is the smallest that passes: (7.3 - 1) / 9 = 0.7
+    assert mae.passes_filter(mae.parse_score("<score>7.3</score>"))
+    assert not mae.passes_filter(mae.parse_score("<score>7</score>"))
+    assert mae.passes_filter(0.5, threshold=0.5)
+
+
+def _whitened(x, m):
+    mean = (x * m).sum() / m.sum()
+    return (x - mean) / torch.sqrt(((x - mean) ** 2 * m).sum() / m.sum() + 1e-8) * m
+
+
+def test_role_advantages_whiten_within_each_role():
+    g = torch.Generator().manual_seed(0)
+    masks = [torch.ones(3, 4), torch.tensor([[1, 1, 0], [1, 1, 1]]), torch.tensor([[1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])]
+    rewards = [torch.rand(3, generator=g), torch.tensor([0.2, 0.9]), torch.tensor([1.0, 0.0])]
+    roles = ["proposer", "judge", "judge"]
+    adv = mae.role_advantages(rewards, masks, roles)
+    assert [a.shape for a in adv] == [m.shape for m in masks]
+    # proposer: gamma = 1 returns are the reward at every token; whitened on its own
+    ret = rewards[0][:, None].expand(3, 4)
+    assert torch.allclose(adv[0], _whitened(ret, masks[0]), atol=1e-5)
+    # the two judge chunks are whitened together (token-weighted), padding stays 0
+    m = torch.nn.functional.pad(masks[1].float(), (0, 2))
+    x = torch.cat([rewards[1][:, None] * m, rewards[2][:, None] * masks[2]])
+    ref = _whitened(x, torch.cat([m, masks[2].float()]))
+    assert torch.allclose(torch.cat([torch.nn.functional.pad(adv[1], (0, 2)), adv[2]]), ref, atol=1e-5)
+    # shifting one role's rewards leaves the other role's advantages unchanged
+    shifted = mae.role_advantages([rewards[0] + 5, rewards[1], rewards[2]], masks, roles)
+    assert torch.allclose(shifted[0], adv[0], atol=1e-5) and torch.allclose(shifted[2], adv[2])
+    # a role whose rewards are all equal gets zero advantage
+    flat = mae.role_advantages([torch.full((3,), 0.3)], masks[:1], ["solver"])
+    assert torch.count_nonzero(flat[0]) == 0
+
+
+def test_agreement_matches_scipy_and_hand_counts():
+    scores = [0.9, 0.1, 0.5, 0.2, 0.8, 0.0]
+    correct = [True, False, True, True, False, False]
+    out = mae.agreement(scores, correct)
+    # says correct (>= 1/3): T F T F T F vs T F T T F F -> 4 of 6 agree
+    assert out["agreement"] == pytest.approx(4 / 6) and out["n"] == 6 and out["majority_baseline"] == 0.5
+    pos, neg = [0.9, 0.5, 0.2], [0.1, 0.8, 0.0]
+    wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
+    assert out["auc"] == pytest.approx(wins / 9) == pytest.approx(mannwhitneyu(pos, neg).statistic / 9)
+    assert out["ci95"][0] < 4 / 6 < out["ci95"][1]
+    assert np.isnan(mae.agreement([0.5, 0.6], [True, True])["auc"])
+
+
+def test_pool_and_config_validation():
+    pool = mae.QuestionPool.from_problems(tasks.make_level("1d-1step-add", 3))
+    pool.add("What is 2 + 2?", 0.9, iteration=0)
+    assert len(pool) == 4 and pool.items[-1]["source"] == "proposed" and pool.items[0]["answer"] is not None
+    assert len(pool.sample(random.Random(0), 5)) == 5
+    for bad, msg in [({"reference_ratio": 1.5}, "reference_ratio=1.5"), ({"proposals": 0}, "proposals=0"),
+                     ({"pool_solve": 0}, "pool_solve=0"), ({"quality_threshold": -0.1}, "quality_threshold=-0.1")]:
+        with pytest.raises(ValueError, match=msg):
+            mae.MAEConfig(**bad).validate()
+
+
+def _results(rows):
+    """Rows without wall times, as text (NaN compares equal)."""
+    return json.dumps([{k: v for k, v in r.items() if not k.endswith("_s")} for r in rows])
+
+
+def _loop(tmp_path, name, iterations, **kw):
+    model, tok = models.tiny_model(seed=0)
+    cfg = mae.MAEConfig(iterations=iterations, proposals=3, n_solve=2, pool_solve=2, question_tokens=10,
+                        answer_tokens=10, judge_tokens=10, lr=1e-2, **kw)
+    model = mae.new_adapter(model, "main", cfg)
+    folder = training.RunFolder(tmp_path / name) if tmp_path else None
+    return model, mae.run_loop(model, tok, tasks.make_level("1d-1step-add", 4), cfg, folder, progress=False)
+
+
+def test_loop_updates_the_model_and_resumes_exactly(tmp_path):
+    model, out = _loop(tmp_path, "a", 3)
+    assert [r["iteration"] for r in out["rows"]] == [0, 1, 2]
+    assert all(0 <= r["solver_reward"] <= 1 and 0 <= r["proposer_reward"] <= 1 for r in out["rows"])
+    assert any(r["grad_norm"] > 0 for r in out["rows"])
+    assert out["rows"][-1]["pool_size"] == len(out["pool"]) >= 4
+    weights = training.trainable(model)
+    assert any(float(w.abs().sum()) > 0 for n, w in weights.items() if "lora_B" in n)  # B starts at 0
+    # interrupted after 2 iterations, then resumed: the same rows and weights
+    _, first = _loop(tmp_path, "b", 2)
+    (tmp_path / "b" / "done.json").unlink()
+    resumed_model, resumed = _loop(tmp_path, "b", 3)
+    assert _results(resumed["rows"]) == _results(out["rows"])
+    b = training.trainable(resumed_model)
+    assert all(torch.equal(weights[k], b[k]) for k in weights)
+    assert len(list((tmp_path / "b" / "checkpoints").glob("*.pt"))) == 1  # only the latest is kept
+    # a finished run is returned from its folder
+    _, again = _loop(tmp_path, "a", 3)
+    assert again["rows"] == out["rows"] or _results(again["rows"]) == _results(out["rows"])
