@@ -315,6 +315,13 @@ def run_loop(model, tok, seeds, cfg: MAEConfig, folder: "training.RunFolder" = N
     return state
 
 
+def run_arm(model, tok, name: str, seeds, cfg: MAEConfig, cache_dir, key=None, progress: bool = True):
+    """Train a fresh adapter `name` with the loop, cached under cache_dir keyed by the config: (model, state)."""
+    model = new_adapter(model, name, cfg)
+    folder = training.RunFolder.keyed(cache_dir, f"loop-{name}", {**(key or {}), "seeds": [p.id for p in seeds], **asdict(cfg)})
+    return model, run_loop(model, tok, seeds, cfg, folder, progress)
+
+
 def solve_eval(model, tok, problems, max_new_tokens: int = 48, batch_size: int = 16, seed: int = 0) -> pd.DataFrame:
     """Greedy solver replies to held-out problems (solver prompt), checked by the exact verifier."""
     gen = models.generate(model, tok, [SOLVE.format(question=p.question) for p in problems], max_new_tokens=max_new_tokens,
@@ -344,3 +351,24 @@ def agreement(scores, correct, cut: float = 1 / 3) -> dict:
     auc = float(mannwhitneyu(s[c], s[~c]).statistic / (c.sum() * (~c).sum())) if 0 < c.sum() < len(c) else float("nan")
     return {"n": len(s), "agreement": p, "ci95": [lo, hi], "majority_baseline": float(max(c.mean(), 1 - c.mean())),
             "says_correct_rate": float(np.mean(s >= cut)), "auc": auc}
+
+
+def paired_change(before, after) -> dict:
+    """Exact McNemar test on paired 0/1 outcomes (binomial test on the discordant pairs)."""
+    from scipy.stats import binomtest
+
+    b, a = np.asarray(before, bool), np.asarray(after, bool)
+    gained, lost = int(np.sum(~b & a)), int(np.sum(b & ~a))
+    p = binomtest(gained, gained + lost, 0.5).pvalue if gained + lost else 1.0
+    return {"gained": gained, "lost": lost, "change": float(a.mean() - b.mean()), "p_value": float(p)}
+
+
+def cached_frame(path, make) -> pd.DataFrame:
+    """A DataFrame cached as JSON records at path (written atomically), made by make() when absent."""
+    from . import files
+
+    if path.is_file():
+        return pd.DataFrame(files.read_json(path))
+    frame = make()
+    files.write_json(path, frame.to_dict("records"))
+    return frame

@@ -154,3 +154,24 @@ def test_loop_updates_the_model_and_resumes_exactly(tmp_path):
     # a finished run is returned from its folder
     _, again = _loop(tmp_path, "a", 3)
     assert again["rows"] == out["rows"] or _results(again["rows"]) == _results(out["rows"])
+
+
+def test_paired_change_is_mcnemar_exact():
+    from scipy.stats import binomtest
+
+    before = [1, 1, 0, 0, 0, 0, 1, 0]
+    after = [1, 0, 1, 1, 1, 0, 1, 1]
+    out = mae.paired_change(before, after)
+    assert (out["gained"], out["lost"]) == (4, 1) and out["change"] == pytest.approx(3 / 8)
+    assert out["p_value"] == pytest.approx(binomtest(4, 5, 0.5).pvalue) == pytest.approx(0.375)
+    assert mae.paired_change([1, 0], [1, 0])["p_value"] == 1.0
+
+
+def test_cached_frame_makes_once(tmp_path):
+    import pandas as pd
+
+    calls = []
+    make = lambda: calls.append(1) or pd.DataFrame({"x": [1, 2]})  # noqa: E731
+    a = mae.cached_frame(tmp_path / "f.json", make)
+    b = mae.cached_frame(tmp_path / "f.json", make)
+    assert calls == [1] and a.equals(b)
