@@ -9,6 +9,7 @@ import math
 import random
 import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -297,6 +298,16 @@ def auc(scores, labels) -> float:
     return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
+def roc_curve(scores, labels):
+    """(false positive rate, true positive rate) at every threshold, from the highest score down."""
+    s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=bool)
+    order = np.argsort(-s, kind="stable")
+    s, y = s[order], y[order]
+    last = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1]  # last index of each distinct score
+    tp, fp = np.cumsum(y)[last], np.cumsum(~y)[last]
+    return np.r_[0, fp / max((~y).sum(), 1)], np.r_[0, tp / max(y.sum(), 1)]
+
+
 def within_auc(scores, labels, groups) -> float:
     """Mean AUC inside groups (questions) that have both right and wrong replies: what a group baseline sees."""
     s, y, g = np.asarray(scores), np.asarray(labels, dtype=bool), np.asarray(groups)
@@ -318,6 +329,53 @@ def bootstrap_auc(table, columns, label: str = "correct", group: str = "qid", n_
             draws[c].append(auc(sub[c], sub[label]))
     return {c: {"auc": auc(table[c], table[label]), "draws": np.array(draws[c]),
                 "ci95": np.nanpercentile(draws[c], [2.5, 97.5]).tolist()} for c in columns}
+
+
+def sample_replies(model, tok, questions, samples: int, temperature: float = 1.0, max_new_tokens: int = 48,
+                   batch_size: int = 16, seed: int = 0, cache=None):
+    """Sampled replies per question with reference-token probabilities (r) and the no-reasoning baseline (r'),
+    the lenient oracle, the verifier and the format term; cached as JSON at `cache`."""
+    import pandas as pd
+
+    from . import files
+
+    if cache is not None and Path(cache).is_file():
+        return pd.DataFrame(files.read_json(cache))
+    config.check_int("samples", samples)
+    qs = [q for q in questions for _ in range(samples)]
+    prompts = [q.prompt() for q in qs]
+    gen = models.generate(model, tok, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                          batch_size=batch_size)
+    kw = {"temperature": temperature, "batch_size": batch_size}
+    probs = reply_probs(model, tok, prompts, gen.texts, [q.reference for q in qs], **kw)
+    base = dict(zip([q.id for q in questions], baseline_probs(model, tok, [q.prompt() for q in questions],
+                                                              [q.reference for q in questions], **kw)))
+    rows = [{"qid": q.id, "kind": q.kind, "style": q.style, "reference": q.reference, "reply": t, "probs": p,
+             "base_probs": base[q.id], "answered": p is not None, "correct": is_correct(t, q.aliases, q.value),
+             "verified": exact_match(t, q.reference), "format": format_score(t), "tokens": len(ids)}
+            for q, t, p, ids in zip(qs, gen.texts, probs, gen.completion_ids)]
+    if cache is not None:
+        files.write_json(cache, rows)
+    return pd.DataFrame(rows)
+
+
+def reward_columns(table):
+    """Add r (mean, sequence, geometric), r' (base_*) and debiased r_hat (*_debiased) columns, and the verifier as 0/1."""
+    out = table.copy()
+    for how in AGGREGATIONS:
+        out[how] = [aggregate(p, how) for p in out["probs"]]
+        out[f"base_{how}"] = [aggregate(p, how) for p in out["base_probs"]]
+        out[f"{how}_debiased"] = debias(out[how], out[f"base_{how}"])
+    out["verifier"] = out["verified"].astype(float)
+    return out
+
+
+def paired_difference(a, b, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Mean of a - b over paired 0/1 outcomes (same questions) with a bootstrap 95% interval."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    rng = np.random.default_rng(seed)
+    draws = d[rng.integers(0, len(d), (n_boot, len(d)))].mean(1)
+    return {"difference": float(d.mean()), "ci95": np.percentile(draws, [2.5, 97.5]).tolist()}
 
 
 # ---- the adaptive std filter and the filtered GRPO loop -------------------------------------------
@@ -426,7 +484,8 @@ def train(trainer, pool, num_steps: int, batch_prompts: int, folder=None, std_fi
         stats = {}
         if kept:
             merged = _merge(kept, trainer.tok.pad_token_id)
-            stats = trainer.update(_select(merged, list(range(min(len(merged["rewards"]), batch_prompts * G)))))
+            merged = _select(merged, list(range(min(len(merged["rewards"]), batch_prompts * G))))
+            stats = {**trainer.update(merged), "update_std_mean": float(merged["rewards"].view(-1, G).std(1).mean())}
         if std_filter is not None:
             std_filter.observe(step, float(np.mean(stds)))
         n_kept = sum(len(b["rewards"]) for b in kept) // G
@@ -454,3 +513,40 @@ def evaluate(model, tok, questions, max_new_tokens: int = 48, batch_size: int = 
     return pd.DataFrame([{"qid": q.id, "kind": q.kind, "style": q.style, "reply": t,
                           "correct": is_correct(t, q.aliases, q.value), "verified": exact_match(t, q.reference),
                           "format": format_score(t)} for q, t in zip(questions, gen.texts)])
+
+
+# variant -> (reward kind, debiased, std filter)
+VARIANTS = {"rlpr": ("probability", True, True), "rlvr": ("verifier", False, False),
+            "rlpr_no_debias": ("probability", False, True), "rlpr_no_filter": ("probability", True, False)}
+
+
+def run_variant(name: str, pool, heldout, baseline: dict, cfg, steps: int, batch_prompts: int, cache_dir,
+                model_name: str = "smollm2-135m-instruct", format_weight: float = 0.1, beta: float = 0.5,
+                ema_ratio: float = 0.99, warmup=(0, 2), max_rollouts: int = 2, lora_r: int = 16,
+                eval_tokens: int = 48, batch_size: int = 16, progress: bool = True):
+    """Train one variant (VARIANTS) with LoRA GRPO from the base model, then answer the held-out questions greedily.
+    Cached under cache_dir keyed by every setting; returns (step rows, held-out table)."""
+    import pandas as pd
+
+    from . import files, grpo
+
+    config.check_choice("variant", name, tuple(VARIANTS))
+    kind, debiased, filtered = VARIANTS[name]
+    key = {"variant": name, "grpo": asdict(cfg), "steps": steps, "batch_prompts": batch_prompts, "model": model_name,
+           "format_weight": format_weight, "beta": beta, "ema_ratio": ema_ratio, "warmup": list(warmup),
+           "max_rollouts": max_rollouts, "lora_r": lora_r, "pool": [q.id for q in pool],
+           "heldout": [q.id for q in heldout], "eval_tokens": eval_tokens}
+    folder = training.RunFolder.keyed(cache_dir, name, key)
+    model, tok = models.load_model(model_name)
+    model = models.add_lora(model, r=lora_r, alpha=2 * lora_r)
+    reward = Reward(model, tok, kind, baseline=baseline if debiased else None, format_weight=format_weight,
+                    temperature=cfg.temperature, batch_size=batch_size, system=cfg.system)
+    trainer = grpo.GRPOTrainer(model, tok, reward, cfg)
+    filt = StdFilter(beta, ema_ratio, warmup_start=warmup[0], warmup_end=warmup[1]) if filtered else None
+    rows = train(trainer, pool, steps, batch_prompts, folder, filt, max_rollouts, progress)
+    path = folder.path / "heldout.json"
+    if path.is_file():
+        return rows, pd.DataFrame(files.read_json(path))
+    table = evaluate(trainer.model, tok, heldout, eval_tokens, batch_size, seed=cfg.seed)
+    files.write_json(path, table.to_dict("records"))
+    return rows, table

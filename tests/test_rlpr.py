@@ -240,3 +240,22 @@ def test_filtered_loop_filters_refills_and_resumes(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     plain = rlpr.train(make_trainer(), pool, 2, 2, progress=False)
     assert all(r["fraction_filtered"] == 0.0 and r["rollouts"] == 1 for r in plain)
+
+
+def test_roc_curve_area_equals_auc_and_paired_difference():
+    rng = np.random.default_rng(1)
+    y = rng.random(80) < 0.5
+    s = np.round(rng.random(80) + 0.3 * y, 1)
+    fpr, tpr = rlpr.roc_curve(s, y)
+    assert fpr[0] == tpr[0] == 0 and fpr[-1] == tpr[-1] == 1
+    assert np.trapezoid(tpr, fpr) == pytest.approx(rlpr.auc(s, y))
+    d = rlpr.paired_difference([1, 1, 0, 1], [0, 1, 0, 0], n_boot=200)
+    assert d["difference"] == 0.5 and d["ci95"][0] <= 0.5 <= d["ci95"][1]
+
+
+def test_reward_columns_debias_per_aggregation():
+    t = pd.DataFrame({"probs": [[0.5, 0.8], None], "base_probs": [[0.25, 0.2], [0.1]], "verified": [True, False]})
+    out = rlpr.reward_columns(t)
+    assert out["mean"].tolist() == pytest.approx([0.65, 0.0]) and out["base_mean"].tolist() == pytest.approx([0.225, 0.1])
+    assert out["mean_debiased"].tolist() == pytest.approx([0.425, 0.0])
+    assert out["sequence_debiased"].tolist() == pytest.approx([0.4 - 0.05, 0.0]) and out["verifier"].tolist() == [1.0, 0.0]
