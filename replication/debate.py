@@ -192,13 +192,17 @@ def parse_judgment(text: str, item: dict, correct_first: bool = True):
 
 
 # --- protocols ----------------------------------------------------------------------------------------------
-def argue(model, tok, prompts, word_limit: int, best_of: int, temperature: float, seed: int, batch_size: int):
-    """best_of candidate arguments per prompt, word-limited: a list (per prompt) of lists of strings."""
+def argue(model, tok, prompts, word_limit: int, best_of: int, temperature: float, seed: int, batch_size: int,
+          open_quote: bool = True):
+    """best_of candidate arguments per prompt, word-limited: a list (per prompt) of lists of strings. With
+    open_quote, every reply starts with "<quote>" (written into the assistant's turn), so each argument opens
+    with a quote the tool can check."""
     config.check_int("best_of", best_of)
-    gen = models.generate(model, tok, [p for p in prompts for _ in range(best_of)],
-                          max_new_tokens=int(word_limit * 1.4) + 4, temperature=temperature, seed=seed,
-                          batch_size=batch_size)
-    texts = [limit_words(t, word_limit) for t in gen.texts]
+    prefix = "<quote>" if open_quote else ""
+    texts = [t + prefix for t in models.chat_prompts(tok, prompts) for _ in range(best_of)]
+    gen = models.generate(model, tok, texts, max_new_tokens=int(word_limit * 1.4) + 4, temperature=temperature,
+                          seed=seed, batch_size=batch_size, chat=False)
+    texts = [limit_words(prefix + t, word_limit) for t in gen.texts]
     return [texts[k * best_of:(k + 1) * best_of] for k in range(len(prompts))], gen.num_tokens
 
 
@@ -213,7 +217,7 @@ def preference_prompts(item, side: int, transcript, candidates) -> list:
 
 
 def run_protocol(model, tok, items, kind: str, rounds: int = 3, word_limit: int = 40, best_of: int = 1,
-                 temperature: float = 0.7, seed: int = 0, batch_size: int = 24) -> dict:
+                 temperature: float = 0.7, seed: int = 0, batch_size: int = 24, open_quote: bool = True) -> dict:
     """Debate (two debaters, simultaneous turns, every round sees the earlier ones) or static consultancy (one
     consultant per answer). All turns of a round are generated in one batch across questions. Returns the
     transcripts (each round: [correct side, distractor side] for debate, [consultant] per consultancy item),
@@ -236,7 +240,8 @@ def run_protocol(model, tok, items, kind: str, rounds: int = 3, word_limit: int 
                 prompts.append(template.format(mine=mine, theirs=theirs, limit=word_limit, story=it["story"],
                                                question=it["question"], history=history(turns[k], s), round=r))
                 jobs.append((k, s))
-        cands, n_tok = argue(model, tok, prompts, word_limit, best_of, temperature, seed + 7919 * r, batch_size)
+        cands, n_tok = argue(model, tok, prompts, word_limit, best_of, temperature, seed + 7919 * r, batch_size,
+                             open_quote)
         tokens += n_tok
         new = [[None] * len(sides) for _ in items]
         checked = [[verify_quotes(c, items[k]["story"]) for c in options] for (k, s), options in zip(jobs, cands)]

@@ -99,9 +99,11 @@ def test_protocols_on_tiny_model(tiny):
     out = debate.run_protocol(model, tok, items, "debate", rounds=2, word_limit=5, best_of=2, seed=0, batch_size=4)
     assert len(out["transcripts"]) == 2 and all(len(t) == 2 and len(t[0]) == 2 for t in out["transcripts"])
     assert all(a["words"] <= 5 and a["candidates"] == 2 for a in out["arguments"]) and len(out["arguments"]) == 8
+    assert all(a["raw"].startswith("<quote>") and a["quotes"] >= 1 for a in out["arguments"])
     again = debate.run_protocol(model, tok, items, "debate", rounds=2, word_limit=5, best_of=2, seed=0, batch_size=4)
     assert again["transcripts"] == out["transcripts"]
-    cons = debate.run_protocol(model, tok, items, "consultancy", rounds=1, word_limit=5, seed=0, batch_size=4)
+    cons = debate.run_protocol(model, tok, items, "consultancy", rounds=1, word_limit=5, seed=0, batch_size=4,
+                               open_quote=False)
     assert [it["side"] for it in cons["items"]] == ["correct", "distractor"] * 2
     j = debate.judge(model, tok, out["items"], "debate", out["transcripts"], batch_size=4)
     assert np.allclose(j["p_correct"], (j["p_correct_first"] + j["p_correct_second"]) / 2) and len(j["p_says_a"]) == 4
