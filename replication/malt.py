@@ -278,6 +278,16 @@ def flips(rows) -> dict:
     return out
 
 
+def reply_stats(rows) -> dict:
+    """Over all chains: accuracy (lenient and strict), stated-format rate, answer kept from g, reply length."""
+    final = [r["g"] if r["r"] is None else r["r"] for r in rows]
+    n = max(len(rows), 1)
+    return {"chains": len(rows), "accuracy": sum(r["correct"] for r in rows) / n,
+            "accuracy_strict": sum(tasks.verify(x, r["answer"], strict=True) for x, r in zip(final, rows)) / n,
+            "format_rate": sum(tasks.has_format(x) for x in final) / n,
+            "kept_generator_answer": sum(r["final_answer"] == r["g_answer"] for r in rows) / n,
+            "mean_chars": sum(len(x) for x in final) / n}
+
 def paired_diff_ci(a, b, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> tuple:
     """(mean(a) - mean(b), low, high): percentile bootstrap over questions for paired 0/1 outcomes."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)

@@ -222,3 +222,11 @@ def test_sample_trees_and_chains_shapes():
     assert all(r["v"] is None and r["correct"] == r["g_correct"] for r in g_only)
     with pytest.raises(ValueError, match="tokens"):
         malt.sample_trees(model, tok, problems, tokens=(4, 4))
+
+
+def test_reply_stats_by_hand():
+    rows = [{"g": "3", "r": "so 5. The answer is 5.", "answer": 5, "correct": True, "final_answer": 5, "g_answer": 3},
+            {"g": "2 and 5", "r": None, "answer": 5, "correct": True, "final_answer": 5, "g_answer": 5}]
+    out = malt.reply_stats(rows)
+    assert out == {"chains": 2, "accuracy": 1.0, "accuracy_strict": 0.5, "format_rate": 0.5,
+                   "kept_generator_answer": 0.5, "mean_chars": (len("so 5. The answer is 5.") + len("2 and 5")) / 2}
