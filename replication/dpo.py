@@ -1,4 +1,5 @@
-"""SFT and DPO for named LoRA adapters on one base model; the reference is the model with adapters disabled."""
+"""SFT and DPO for named LoRA adapters on one base model; the DPO reference is the model with adapters
+disabled or the adapter as it was before DPO."""
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +63,12 @@ def _seq_logps(model, tok, prompts, completions, system):
     return training.completion_logps(model, p_ids, p_mask, c_ids, c_mask), c_mask
 
 
+def _seq_sums(model, tok, prompts, completions, system):
+    """Summed completion log-probs per sequence."""
+    logps, mask = _seq_logps(model, tok, prompts, completions, system)
+    return (logps * mask).sum(1)
+
+
 def train_sft(model, tok, examples, cfg: PreferenceConfig, adapter_name=None, progress=True) -> list:
     """Supervised fine-tuning on (prompt, completion) pairs, loss on completion tokens only."""
     cfg.validate()
@@ -81,25 +88,36 @@ def train_sft(model, tok, examples, cfg: PreferenceConfig, adapter_name=None, pr
     return rows
 
 
-def train_dpo(model, tok, pairs, cfg: PreferenceConfig, adapter_name=None, progress=True) -> list:
-    """DPO on (prompt, chosen, rejected) triples; reference = the base model (all adapters disabled)."""
+REFERENCES = ("base", "initial")
+
+
+def train_dpo(model, tok, pairs, cfg: PreferenceConfig, adapter_name=None, progress=True, reference: str = "base") -> list:
+    """DPO on (prompt, chosen, rejected) triples. Reference: 'base' = all adapters disabled; 'initial' = the
+    active adapter as it is before the first step (e.g. the SFT policy), its log-probs computed up front."""
     cfg.validate()
+    config.check_choice("reference", reference, REFERENCES)
     _activate(model, adapter_name)
+    batches = list(_batches(len(pairs), cfg.batch_size, cfg.epochs, cfg.seed))
+    texts = [([p for p, _, _ in b] * 2, [c for _, c, _ in b] + [r for _, _, r in b])
+             for b in ([pairs[i] for i in idx] for idx in batches)]
+    model.eval()
+    refs = []
+    if reference == "initial":
+        with torch.no_grad():
+            refs = [_seq_sums(model, tok, prompts, completions, cfg.system) for prompts, completions in texts]
     opt = torch.optim.AdamW(training.trainable(model).values(), lr=cfg.lr)
     rows = []
-    for step, idx in enumerate(tqdm(list(_batches(len(pairs), cfg.batch_size, cfg.epochs, cfg.seed)),
-                                    desc=f"dpo {adapter_name or ''}", disable=not progress)):
-        batch = [pairs[i] for i in idx]
-        prompts = [p for p, _, _ in batch] * 2
-        completions = [c for _, c, _ in batch] + [r for _, _, r in batch]
-        model.eval()
-        with torch.no_grad(), model.disable_adapter():
-            ref, mask = _seq_logps(model, tok, prompts, completions, cfg.system)
+    for step, (prompts, completions) in enumerate(tqdm(texts, desc=f"dpo {adapter_name or ''}", disable=not progress)):
+        if reference == "base":
+            model.eval()
+            with torch.no_grad(), model.disable_adapter():
+                ref = _seq_sums(model, tok, prompts, completions, cfg.system)
+        else:
+            ref = refs[step]
         model.train()
-        logps, _ = _seq_logps(model, tok, prompts, completions, cfg.system)
-        seq, ref_seq = (logps * mask).sum(1), (ref * mask).sum(1)
-        k = len(batch)
-        loss, margin = dpo_loss(seq[:k], seq[k:], ref_seq[:k], ref_seq[k:], cfg.beta)
+        seq = _seq_sums(model, tok, prompts, completions, cfg.system)
+        k = len(prompts) // 2
+        loss, margin = dpo_loss(seq[:k], seq[k:], ref[:k], ref[k:], cfg.beta)
         loss.backward()
         norm = training.optimizer_step(model, opt, cfg.max_grad_norm)
         rows.append({"step": step, "loss": float(loss.detach()), "margin": float(margin.mean()),

@@ -27,6 +27,11 @@ def words(text: str) -> int:
     return len((text or "").split())
 
 
+def identical(a, b) -> np.ndarray:
+    """True where two responses are the same text (a tie)."""
+    return np.array([x.strip() == y.strip() for x, y in zip(a, b)], bool)
+
+
 class QualityJudge:
     """The stand-in judge: Thurstone comparisons and noisy absolute scores of the task's quality function."""
 
@@ -43,8 +48,7 @@ class QualityJudge:
         qa = np.array([quality(x, ans) for x, ans in zip(a, answers)])
         qb = np.array([quality(x, ans) for x, ans in zip(b, answers)])
         p = stats.norm.cdf((qa - qb) / self.sigma_comp)
-        same = np.array([x.strip() == y.strip() for x, y in zip(a, b)], bool)
-        return np.where(same, 0.5, p)
+        return np.where(identical(a, b), 0.5, p)
 
     def scores(self, questions, answers, responses, rng) -> np.ndarray:
         """One noisy absolute score per response."""
@@ -64,8 +68,7 @@ class LLMJudge:
         from . import judges
 
         p = judges.pairwise(self.model, self.tok, questions, a, b, k=1, batch_size=self.batch_size)["p_better"]
-        same = np.array([x.strip() == y.strip() for x, y in zip(a, b)], bool)
-        return np.where(same, 0.5, p.to_numpy())
+        return np.where(identical(a, b), 0.5, p.to_numpy())
 
     def scores(self, questions, answers, responses, rng) -> np.ndarray:
         from . import judges
@@ -79,8 +82,7 @@ def outcomes(judge, questions, answers, policy, opponent, rng, length_margin: in
     0 when the policy response is longer than the opponent's by more than length_margin words."""
     config.check_int("length_margin", length_margin, minimum=0)
     p = judge.p_win(questions, answers, policy, opponent)
-    tie = np.array([x.strip() == y.strip() for x, y in zip(policy, opponent)], bool)
-    s = np.where(tie, 0.5, (rng.random(len(p)) < p).astype(float))
+    s = np.where(identical(policy, opponent), 0.5, (rng.random(len(p)) < p).astype(float))
     too_long = np.array([words(x) - words(y) > length_margin for x, y in zip(policy, opponent)], bool)
     return np.where(too_long, 0.0, s)
 

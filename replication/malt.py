@@ -174,38 +174,9 @@ def load_adapter_state(model, role, state) -> None:
     set_peft_model_state_dict(model, state, adapter_name=role)
 
 
-def _seq_sums(model, tok, prompts, completions, system):
-    p_ids, p_mask, c_ids, c_mask = training.encode_pairs(tok, prompts, completions, system)
-    return (training.completion_logps(model, p_ids, p_mask, c_ids, c_mask) * c_mask).sum(1)
-
-
 def train_dpo_sft_reference(model, tok, pairs, cfg: dpo.PreferenceConfig, adapter_name, progress=False) -> list:
-    """DPO whose reference is the adapter as it is now (the SFT policy): reference log-probs are computed first."""
-    cfg.validate()
-    model.set_adapter(adapter_name)
-    g = torch.Generator().manual_seed(cfg.seed)
-    batches = [b for _ in range(cfg.epochs) for b in torch.randperm(len(pairs), generator=g).split(cfg.batch_size)]
-    model.eval()
-    refs = []
-    with torch.no_grad():
-        for idx in batches:
-            batch = [pairs[i] for i in idx]
-            refs.append(_seq_sums(model, tok, [p for p, _, _ in batch] * 2,
-                                  [c for _, c, _ in batch] + [r for _, _, r in batch], cfg.system))
-    opt = torch.optim.AdamW(training.trainable(model).values(), lr=cfg.lr)
-    rows = []
-    for step, (idx, ref) in enumerate(zip(batches, refs)):
-        batch, k = [pairs[i] for i in idx], len(idx)
-        model.train()
-        seq = _seq_sums(model, tok, [p for p, _, _ in batch] * 2,
-                        [c for _, c, _ in batch] + [r for _, _, r in batch], cfg.system)
-        loss, margin = dpo.dpo_loss(seq[:k], seq[k:], ref[:k], ref[k:], cfg.beta)
-        loss.backward()
-        norm = training.optimizer_step(model, opt, cfg.max_grad_norm)
-        rows.append({"step": step, "loss": float(loss.detach()), "margin": float(margin.mean()),
-                     "accuracy": float((margin > 0).float().mean()), "grad_norm": norm})
-    model.eval()
-    return rows
+    """DPO whose reference is the adapter as it is now (the SFT policy)."""
+    return dpo.train_dpo(model, tok, pairs, cfg, adapter_name, progress, reference="initial")
 
 
 def train_role(model, tok, role, sft, pairs, sft_cfg, dpo_cfg, reference="sft", stage="both") -> dict:

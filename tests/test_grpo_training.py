@@ -103,3 +103,10 @@ def test_sft_and_dpo_move_named_adapters():
     assert rows[-1]["loss"] < rows[0]["loss"] and rows[-1]["accuracy"] == 1.0
     with pytest.raises(ValueError, match="beta=0"):
         dpo.PreferenceConfig(beta=0).validate()
+
+
+def test_dpo_reference_choice_is_checked():
+    model, tok = models.tiny_model(seed=0)
+    model = models.add_lora(model, r=4, alpha=8)
+    with pytest.raises(ValueError, match="reference"):
+        dpo.train_dpo(model, tok, [("p", "a", "b")], dpo.PreferenceConfig(), progress=False, reference="sft")
