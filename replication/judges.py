@@ -35,7 +35,7 @@ def answer_probs(model, tok, prompts, options, batch_size: int = 16, progress: b
     out = []
     for i in tqdm(range(0, len(texts), batch_size), desc="judge", disable=not progress):
         enc = tok(texts[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
-        logits = model(**enc, position_ids=training.position_ids(enc["attention_mask"]), logits_to_keep=1).logits[:, -1, ids]
+        logits = model(**enc, position_ids=models.position_ids(enc["attention_mask"]), logits_to_keep=1).logits[:, -1, ids]
         out.append(torch.softmax(logits.float(), -1).numpy())
     return np.concatenate(out) if out else np.zeros((0, len(options)))
 

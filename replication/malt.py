@@ -12,9 +12,14 @@ POOLINGS = ("global", "local")
 REFERENCES = ("sft", "base")
 
 
+# Short replies keep trees affordable on a CPU: the 135M model is as accurate with this instruction as with
+# the task's default one, at half the reply length (measured in notebook 05's design notes).
+INSTRUCTION = "Write the calculation in one short sentence, then end your reply with: The answer is <number>."
+
+
 def generator_prompt(question: str) -> str:
-    """G(q): the question with the answer-format instruction."""
-    return f"{question}\n{tasks.INSTRUCTION}"
+    """G(q): the question with a short-answer instruction."""
+    return f"{question}\n{INSTRUCTION}"
 
 
 def verifier_prompt(question: str, g: str) -> str:
@@ -23,10 +28,16 @@ def verifier_prompt(question: str, g: str) -> str:
             "Is the student's final answer correct? Check it and reply in one or two sentences.")
 
 
-def refiner_prompt(question: str, g: str, v: str) -> str:
-    """R(q, g, v): the answer and its critique, then the question to solve again."""
-    return (f"A student wrote: \"{g}\"\nA reviewer said: \"{v}\"\n\n"
-            f"Now solve the problem yourself.\n{question}\n{tasks.INSTRUCTION}")
+def refiner_prompt(question: str, g: str, v: str) -> list:
+    """R(q, g, v): a conversation: the question, g as the model's own first reply, then the critique."""
+    return [{"role": "user", "content": generator_prompt(question)}, {"role": "assistant", "content": g},
+            {"role": "user", "content": f"A reviewer said: \"{v}\"\n"
+                                        "Write your final answer in one short sentence, ending with: The answer is <number>."}]
+
+
+def prompt_key() -> list:
+    """The three role prompts with placeholders: part of every cache key, so a prompt change resamples."""
+    return [generator_prompt("{q}"), verifier_prompt("{q}", "{g}"), refiner_prompt("{q}", "{g}", "{v}")]
 
 
 @contextmanager
@@ -43,10 +54,10 @@ def use_role(model, role):
             yield model
 
 
-def _generate(model, tok, prompts, role, max_new_tokens, temperature, seed, batch_size, top_p=1.0):
+def _generate(model, tok, prompts, role, max_new_tokens, temperature, seed, batch_size, repeats=1):
     with use_role(model, role):
         return models.generate(model, tok, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                               top_p=top_p, seed=seed, batch_size=batch_size).texts
+                               seed=seed, batch_size=batch_size, repeats=repeats).texts
 
 
 def sample_trees(model, tok, problems, n=3, tokens=(48, 32, 48), temperature=0.7, seed=0, batch_size=16,
@@ -57,12 +68,12 @@ def sample_trees(model, tok, problems, n=3, tokens=(48, 32, 48), temperature=0.7
         raise ValueError(f"tokens={tokens!r} is not allowed; give max new tokens for (generator, verifier, refiner)")
     role = (lambda r: r) if trained else (lambda r: None)
     Q, qs = len(problems), [p.question for p in problems]
-    g = _generate(model, tok, [generator_prompt(q) for q in qs for _ in range(n)], role("generator"),
-                  tokens[0], temperature, seed, batch_size)                      # index q*n + j
-    v = _generate(model, tok, [verifier_prompt(qs[i // n], g[i]) for i in range(Q * n) for _ in range(n)],
-                  role("verifier"), tokens[1], temperature, seed + 1, batch_size)  # (q*n + j)*n + k
-    r = _generate(model, tok, [refiner_prompt(qs[i // n**2], g[i // n], v[i]) for i in range(Q * n * n)
-                               for _ in range(n)], role("refiner"), tokens[2], temperature, seed + 2, batch_size)
+    g = _generate(model, tok, [generator_prompt(q) for q in qs], role("generator"),
+                  tokens[0], temperature, seed, batch_size, n)                   # index q*n + j
+    v = _generate(model, tok, [verifier_prompt(qs[i // n], g[i]) for i in range(Q * n)],
+                  role("verifier"), tokens[1], temperature, seed + 1, batch_size, n)  # (q*n + j)*n + k
+    r = _generate(model, tok, [refiner_prompt(qs[i // n**2], g[i // n], v[i]) for i in range(Q * n * n)],
+                  role("refiner"), tokens[2], temperature, seed + 2, batch_size, n)
     reward = [int(tasks.verify(t, problems[i // n**3].answer)) for i, t in enumerate(r)]
     return {"n": n, "questions": qs, "answers": [p.answer for p in problems], "g": g, "v": v, "r": r,
             "reward": reward}
@@ -205,14 +216,20 @@ def majority_vote(answers):
 
 
 def run_chains(model, tok, problems, k=1, trained=False, tokens=(48, 32, 48), temperature=0.7, seed=0,
-               batch_size=16, generator_only=False) -> list:
-    """k independent G -> V -> R chains per problem (or k generator samples): one row per chain."""
+               batch_size=16, generator_only=False, g=None) -> list:
+    """k independent G -> V -> R chains per problem (or k generator samples): one row per chain.
+
+    `g`, one generator reply per chain (question-major), replaces the generator step: chains that continue
+    given first answers, e.g. another variant's, for a comparison paired on the same g."""
     config.check_int("k", k)
     role = (lambda r: r) if trained else (lambda r: None)
     items = [(i, c) for i in range(len(problems)) for c in range(k)]
     qs = [problems[i].question for i, _ in items]
-    g = _generate(model, tok, [generator_prompt(q) for q in qs], role("generator"), tokens[0], temperature,
-                  seed, batch_size)
+    if g is None:
+        g = _generate(model, tok, [generator_prompt(p.question) for p in problems], role("generator"), tokens[0],
+                      temperature, seed, batch_size, k)
+    elif len(g) != len(items):
+        raise ValueError(f"g has {len(g)} replies; give one per chain ({len(problems)} problems x k = {k})")
     v = r = [None] * len(items)
     if not generator_only:
         v = _generate(model, tok, [verifier_prompt(q, x) for q, x in zip(qs, g)], role("verifier"), tokens[1],

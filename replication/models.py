@@ -153,10 +153,11 @@ def add_lora(model, r: int = 16, alpha: int = 32, dropout: float = 0.0, targets=
 
 
 def chat_prompts(tok, prompts, system=None):
-    """Apply the chat template to user prompts, ending with the assistant's turn."""
+    """Apply the chat template to prompts (a user message, or a list of chat messages), ending with the assistant's turn."""
     out = []
     for p in prompts:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": p}]
+        turns = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
+        messages = ([{"role": "system", "content": system}] if system else []) + turns
         out.append(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
     return out
 
@@ -174,19 +175,36 @@ class Generation:
         return sum(len(c) for c in self.completion_ids)
 
 
-def sample(model, tok, texts, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0):
-    """One completion per (already templated) text: prompt ids and mask, completion ids and mask."""
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids under left padding, as generate() assigns them (the first real token is position 0)."""
+    return (attention_mask.cumsum(1) - 1).clamp(min=0)
+
+
+def sample(model, tok, texts, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, repeats: int = 1):
+    """`repeats` completions per (already templated) text, text-major: prompt ids and mask, completion ids and mask.
+
+    With repeats > 1 each prompt is prefilled once and its KV cache copied for the repeats: on a CPU the prefill
+    of long prompts costs more than decoding a short reply."""
     from transformers import GenerationConfig
 
     enc = tok(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
     do_sample = temperature > 0
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, top_k=None,
                            temperature=temperature if do_sample else None, top_p=top_p if do_sample else None,
                            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    extra = {}
     with torch.no_grad():
-        seqs = model.generate(**enc, generation_config=cfg)
-    completion = seqs[:, enc["input_ids"].shape[1]:]
-    return enc["input_ids"], enc["attention_mask"], completion, completion_mask(completion, tok.eos_token_id)
+        if repeats > 1 and ids.shape[1] > 1:
+            head = mask[:, :-1]                 # the last prompt token is left for generate() to feed
+            cache = model(input_ids=ids[:, :-1], attention_mask=head, position_ids=position_ids(head),
+                          use_cache=True).past_key_values
+            cache.batch_repeat_interleave(repeats)
+            extra = {"past_key_values": cache}
+        ids, mask = ids.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0)
+        seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg, **extra)
+    completion = seqs[:, ids.shape[1]:]
+    return ids, mask, completion, completion_mask(completion, tok.eos_token_id)
 
 
 def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -198,19 +216,23 @@ def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:
 
 
 def generate(model, tok, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-             seed: int = 0, batch_size: int = 16, chat: bool = True, system=None, progress: bool = False):
-    """Batched, left-padded, seeded generation; greedy when temperature == 0."""
+             seed: int = 0, batch_size: int = 16, chat: bool = True, system=None, progress: bool = False,
+             repeats: int = 1):
+    """Batched, left-padded, seeded generation; greedy when temperature == 0; `repeats` samples per prompt,
+    prompt-major (prompt i's samples are rows i * repeats ... i * repeats + repeats - 1), sharing one prefill."""
     from tqdm.auto import tqdm
 
     config.check_int("max_new_tokens", max_new_tokens)
     config.check_int("batch_size", batch_size)
+    config.check_int("repeats", repeats)
     config.check_range("temperature", temperature, 0.0, 10.0)
     texts = chat_prompts(tok, prompts, system) if chat else list(prompts)
     out_texts, out_ids, t0 = [], [], time.perf_counter()
-    starts = range(0, len(texts), batch_size)
+    per_batch = max(1, batch_size // repeats)   # distinct prompts per batch: about batch_size rows
+    starts = range(0, len(texts), per_batch)
     for b, i in enumerate(tqdm(starts, desc="generate", disable=not progress)):
         torch.manual_seed(seed * 100_003 + b)
-        _, _, ids, mask = sample(model, tok, texts[i:i + batch_size], max_new_tokens, temperature, top_p)
+        _, _, ids, mask = sample(model, tok, texts[i:i + per_batch], max_new_tokens, temperature, top_p, repeats)
         for row, m in zip(ids, mask):
             out_ids.append(row[m.bool()].tolist())
             out_texts.append(tok.decode(out_ids[-1], skip_special_tokens=True))

@@ -15,17 +15,12 @@ def completion_logps(model, prompt_ids, prompt_mask, completion_ids, mask, tempe
     """Per-token log-probs of the completion tokens only, shape (B, T); logits for prompt positions are skipped."""
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
     attention = torch.cat([prompt_mask, mask], 1)
-    positions = position_ids(attention)
+    positions = models.position_ids(attention)
     T = completion_ids.shape[1]
     logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                    logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # (B, T, V)
     logits = logits / temperature
     return logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
-
-
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids under left padding, as generate() assigns them (the first real token is position 0)."""
-    return (attention_mask.cumsum(1) - 1).clamp(min=0)
 
 
 def optimizer_step(model, optimizer, max_grad_norm: float) -> float:

@@ -224,6 +224,25 @@ def test_sample_trees_and_chains_shapes():
         malt.sample_trees(model, tok, problems, tokens=(4, 4))
 
 
+def test_refiner_sees_its_first_answer_as_its_own_turn():
+    turns = malt.refiner_prompt("Q?", "g text", "v text")
+    assert [t["role"] for t in turns] == ["user", "assistant", "user"]
+    assert turns[0]["content"] == malt.generator_prompt("Q?") and turns[1]["content"] == "g text"
+    assert "v text" in turns[2]["content"] and "The answer is <number>" in turns[2]["content"]
+    assert malt.prompt_key()[2][1]["content"] == "{g}"
+
+
+def test_chains_can_continue_given_first_answers():
+    model, tok = _tiny_roles()
+    problems = tasks.make_level("1d-1step-add", 2, seed=0)
+    given = [f"The answer is {p.answer}." for p in problems]
+    rows = malt.run_chains(model, tok, problems, k=1, g=given, tokens=(4, 3, 4), seed=0)
+    assert [r["g"] for r in rows] == given and all(r["g_correct"] for r in rows)
+    assert all(isinstance(r["r"], str) for r in rows)
+    with pytest.raises(ValueError, match="g has 1 replies"):
+        malt.run_chains(model, tok, problems, k=1, g=given[:1], tokens=(4, 3, 4))
+
+
 def test_reply_stats_by_hand():
     rows = [{"g": "3", "r": "so 5. The answer is 5.", "answer": 5, "correct": True, "final_answer": 5, "g_answer": 3},
             {"g": "2 and 5", "r": None, "answer": 5, "correct": True, "final_answer": 5, "g_answer": 5}]

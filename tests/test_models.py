@@ -25,10 +25,33 @@ def test_left_padding_matches_unpadded_greedy(tiny):
     assert batched.completion_ids == single.completion_ids
 
 
+def test_shared_prefill_repeats_match_expanded_prompts():
+    """repeats=k prefills each prompt once: greedy rows equal generating the k-times expanded list, also via LoRA."""
+    model, tok = models.tiny_model(seed=2)
+    model = models.add_lora(model, r=4)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.02)
+    prompts = ["hi", "a much longer prompt than that", "x"]
+    shared = models.generate(model, tok, prompts, max_new_tokens=7, repeats=3, batch_size=6)
+    expanded = models.generate(model, tok, [p for p in prompts for _ in range(3)], max_new_tokens=7, batch_size=6)
+    assert shared.completion_ids == expanded.completion_ids
+    sampled = models.generate(model, tok, prompts, max_new_tokens=7, temperature=1.5, repeats=3, seed=1)
+    again = models.generate(model, tok, prompts, max_new_tokens=7, temperature=1.5, repeats=3, seed=1)
+    assert sampled.texts == again.texts and len(sampled.texts) == 9
+    assert len(set(sampled.texts[:3])) > 1                     # the copies of one prompt are sampled apart
+
+
 def test_chat_template_ends_with_assistant_turn(tiny):
     _, tok = tiny
     (text,) = models.chat_prompts(tok, ["What is 2 + 2?"], system="Be brief.")
     assert text.startswith("<|im_start|>system\nBe brief.") and text.endswith("<|im_start|>assistant\n")
+    turns = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "5"},
+             {"role": "user", "content": "Check it."}]
+    (conversation,) = models.chat_prompts(tok, [turns])
+    assert conversation == ("<|im_start|>user\n2 + 2?<|im_end|>\n<|im_start|>assistant\n5<|im_end|>\n"
+                            "<|im_start|>user\nCheck it.<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_lora_adapters_by_name(tiny):
@@ -46,6 +69,8 @@ def test_bad_generation_arguments(tiny):
         models.generate(model, tok, ["x"], max_new_tokens=0)
     with pytest.raises(ValueError, match="batch_size=-1"):
         models.generate(model, tok, ["x"], batch_size=-1)
+    with pytest.raises(ValueError, match="repeats=0"):
+        models.generate(model, tok, ["x"], repeats=0)
 
 
 def test_missing_model_package_names_the_install_command(monkeypatch):
