@@ -30,25 +30,53 @@ def index_path(profile: str) -> Path:
     return config.figures_dir(profile) / "README.md"
 
 
+_SECTIONS = {"| figure |": "figures", "| notebook | claim |": "claims", "| notebook | seed |": "times"}
+
+
+def kept_rows(path: Path, stems, ran) -> dict:
+    """Rows of an existing index for workbook notebooks that have no metrics here (they ran on another machine)."""
+    kept = {name: {} for name in _SECTIONS.values()}
+    if not Path(path).is_file():
+        return kept
+    section = None
+    for line in Path(path).read_text().splitlines():
+        section = next((name for head, name in _SECTIONS.items() if line.startswith(head)), section)
+        if section is None or not line.startswith("| ") or line.startswith(tuple(_SECTIONS)):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        stem = cells[1] if section == "figures" and len(cells) > 1 else cells[0]
+        if stem in stems and stem not in ran:
+            kept[section].setdefault(stem, []).append(line)
+    return kept
+
+
 def write_index(profile: str, folder: Path = runner.NOTEBOOKS) -> Path:
-    """Each figure with its notebook and caption, then the claims ledger of every notebook."""
-    recs = records(profile, folder)
-    lines = [f"# Figures ({profile} profile)", "",
-             f"Written by `python -m replication run --profile {profile}`; do not edit by hand.", "",
-             "| figure | notebook | caption |", "|---|---|---|"]
-    for r in recs:
+    """Each figure with its notebook and caption, then the claims ledger of every notebook.
+
+    Notebooks with no metrics here keep their rows from the existing index, so rerunning one notebook
+    does not drop the others."""
+    recs = {r["notebook"]: r for r in records(profile, folder)}
+    stems = runner.list_notebooks(folder)
+    kept = kept_rows(index_path(profile), stems, recs)
+    rows = {name: [] for name in _SECTIONS.values()}
+    for stem in stems:
+        r = recs.get(stem)
+        if r is None:
+            for name in rows:
+                rows[name] += kept[name].get(stem, [])
+            continue
         for f in r["figures"]:
             png = next((x for x in f["files"] if x.endswith(".png")), f["files"][0])
-            lines.append(f"| [{f['name']}]({png}) | {r['notebook']} | {_md_cell(f['caption'])} |")
-    lines += ["", "## Claims ledger", "", "| notebook | claim | paper | measured | verdict | why |",
-              "|---|---|---|---|---|---|"]
-    claims = ledger(recs)
-    for c in claims:
-        lines.append("| " + " | ".join(_md_cell(c[k]) for k in ("notebook", "claim", "paper", "measured", "verdict", "why")) + " |")
-    if not claims:
-        lines.append("| (no claims recorded yet) | | | | | |")
-    lines += ["", "| notebook | seed | wall time (s) |", "|---|---|---|"]
-    lines += [f"| {r['notebook']} | {r['seed']} | {r['wall_time_s']} |" for r in recs]
+            rows["figures"].append(f"| [{f['name']}]({png}) | {r['notebook']} | {_md_cell(f['caption'])} |")
+        rows["claims"] += ["| " + " | ".join(_md_cell(c[k]) for k in ("notebook", "claim", "paper", "measured", "verdict", "why")) + " |"
+                           for c in ledger([r])]
+        rows["times"].append(f"| {r['notebook']} | {r['seed']} | {r['wall_time_s']} |")
+    lines = [f"# Figures ({profile} profile)", "",
+             f"Written by `python -m replication run --profile {profile}`; do not edit by hand.", "",
+             "| figure | notebook | caption |", "|---|---|---|", *rows["figures"],
+             "", "## Claims ledger", "", "| notebook | claim | paper | measured | verdict | why |",
+             "|---|---|---|---|---|---|", *(rows["claims"] or ["| (no claims recorded yet) | | | | | |"]),
+             "", "| notebook | seed | wall time (s) |", "|---|---|---|", *rows["times"]]
     return files.write_text(index_path(profile), "\n".join(lines) + "\n")
 
 

@@ -56,6 +56,19 @@ def test_success_writes_metrics_index_report_and_skips_on_rerun(book, runs, tmp_
     assert runner.run("default", only="02", force=True, folder=book, report=False, log=lambda *_: None) == {"02_second": "executed"}
 
 
+def test_index_keeps_rows_of_notebooks_that_ran_elsewhere(book, runs, tmp_path):
+    runner.run("default", folder=book, log=lambda *_: None)
+    full = (tmp_path / "figures/README.md").read_text()
+    (runs / "default/metrics/02_second.json").unlink()         # as on a machine where only 01 was rerun
+    report.write_index("default", book)
+    assert (tmp_path / "figures/README.md").read_text() == full
+    (runs / "default/metrics/01_first.json").unlink()
+    (tmp_path / "figures/README.md").write_text(full.replace("| 02_second | a line has n points |", "| 02_second | edited |"))
+    report.write_index("default", book)
+    again = (tmp_path / "figures/README.md").read_text()
+    assert "| 02_second | edited |" in again and again.count("[02a_line]") == 1 and "| 01_first | 1 |" in again
+
+
 def test_parameter_change_re_executes(book):
     runner.run("default", only="01", folder=book, report=False, log=lambda *_: None)
     (book / "params/01_first.json").write_text(json.dumps({"default": {"seed": 1, "n": 6}}))
