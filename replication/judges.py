@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import config, models, tasks, training
+from . import config, models, tasks
 
 ABSOLUTE = ("Rate how good the response is as an answer to the question, from 1 (useless) to 5 (correct and "
             "clearly explained).\n\nQuestion: {task}\n\nResponse: {response}\n\nReply with one digit from 1 to 5.")
