@@ -95,7 +95,7 @@ def test_sft_and_dpo_move_named_adapters():
     model = models.add_lora(model, r=4, adapter_name="generator")
     models.add_lora(model, r=4, adapter_name="verifier")
     examples = [("q", "abc"), ("p", "abd")] * 4
-    cfg = dpo.PreferenceConfig(lr=5e-2, epochs=5, batch_size=4)
+    cfg = dpo.PreferenceConfig(lr=1e-2, epochs=5, batch_size=4)   # at 5e-2 SFT on this tiny model diverges late
     rows = dpo.train_sft(model, tok, examples, cfg, adapter_name="generator", progress=False)
     assert rows[-1]["loss"] < rows[0]["loss"]
     pairs = [("q", "abc", "xyz"), ("p", "abd", "zzz")] * 4
