@@ -12,8 +12,8 @@ POOLINGS = ("global", "local")
 REFERENCES = ("sft", "base")
 
 
-# Short replies keep trees affordable on a CPU: the 135M model is as accurate with this instruction as with
-# the task's default one, at half the reply length (measured in notebook 05's design notes).
+# Short replies keep trees affordable on a CPU: in a probe (with "sum" for "calculation") the 135M model was about
+# as accurate with this instruction as with the task's default one, at half the reply length (notebook 05's notes).
 INSTRUCTION = "Write the calculation in one short sentence, then end your reply with: The answer is <number>."
 
 
