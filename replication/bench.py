@@ -40,7 +40,7 @@ def ours(model_name: str, prompts, reps: int) -> dict:
     model, tok = models.load_model(model_name)
     model = models.add_lora(model, r=LORA_R, alpha=2 * LORA_R)
     cfg = grpo.GRPOConfig(num_generations=G, max_new_tokens=MAX_NEW_TOKENS, beta=BETA, lr=1e-5, temperature=1.0)
-    trainer = grpo.GRPOTrainer(model, tok, lambda p, c, m: length_reward(c), cfg)
+    trainer = grpo.GRPOTrainer(model, tok, lambda p, c, m, **log: length_reward(c), cfg)
     n_params = sum(p.numel() for p in model.parameters())
     rows = []
     for step in range(reps + 1):  # the first step warms up and is not counted

@@ -3,9 +3,14 @@ import re
 
 import matplotlib.pyplot as plt
 
-from . import workbook
-
 FORMATS = ("png", "pdf")
+_run = None  # the notebook's run record, attached by workbook.start (figures never imports workbook)
+
+
+def attach(run) -> None:
+    """Send savefig's files to this run's figure folder and record them in it."""
+    global _run
+    _run = run
 
 
 def use_style() -> None:
@@ -19,7 +24,9 @@ def use_style() -> None:
 
 def savefig(name: str, caption: str, fig=None) -> list:
     """Save the current (or given) figure as <figures>/<name>.png/.pdf and record it with its caption."""
-    run = workbook.current()
+    run = _run
+    if run is None:
+        raise RuntimeError("no run started; call replication.workbook.start(notebook, globals()) first")
     if not re.fullmatch(r"\d\d[a-z]?_[a-z0-9_]+", name) or not name.startswith(run.number):
         raise ValueError(f"name={name!r} is not allowed; use '{run.number}<letter>_<what_it_shows>' in lower case")
     fig = fig or plt.gcf()

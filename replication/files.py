@@ -6,19 +6,24 @@ import tempfile
 from pathlib import Path
 
 
-def write_text(path, text: str) -> Path:
-    """Write text to path atomically (temporary file in the same folder, then rename)."""
+def write_bytes(path, data: bytes) -> Path:
+    """Write bytes to path atomically (temporary file in the same folder, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_text(path, text: str) -> Path:
+    """Write text to path atomically."""
+    return write_bytes(path, text.encode("utf-8"))
 
 
 def write_json(path, obj) -> Path:

@@ -11,9 +11,9 @@ Conventions (see notebooks for the equations):
 from dataclasses import asdict, dataclass
 
 import torch
-from tqdm.auto import tqdm
 
-from . import config, models, training
+from . import config, loop, models, training
+from .rollout import Recorder, Rollout
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo")
 ADVANTAGES = ("group", "reinforce++")
@@ -129,7 +129,10 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, beta: float = 0.04,
 
 
 class GRPOTrainer:
-    """Samples G completions per prompt, scores them, and updates the active LoRA adapter."""
+    """Samples G completions per prompt, scores them, and updates the active LoRA adapter.
+
+    reward_fn(prompts, completions, metadata, log_metric=..., log_extra=...) -> one number per completion;
+    the two callables collect side data into the rollout record (see replication.rollout)."""
 
     def __init__(self, model, tok, reward_fn, cfg: GRPOConfig):
         self.model, self.tok, self.reward_fn, self.cfg = model, tok, reward_fn, cfg.validate()
@@ -139,7 +142,7 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.timer = training.Timer()
 
-    def rollout(self, prompts, metadata=None):
+    def rollout(self, prompts, metadata=None) -> Rollout:
         """Generate, reward and compute advantages (and stored old / reference log-probs) for one batch."""
         cfg, G = self.cfg, self.cfg.num_generations
         metadata = metadata or [{} for _ in prompts]
@@ -150,45 +153,66 @@ class GRPOTrainer:
             p_ids, p_mask, c_ids, c_mask = models.sample(self.model, self.tok, rep(texts), cfg.max_new_tokens,
                                                            cfg.temperature, cfg.top_p)
         completions = [self.tok.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(c_ids, c_mask)]
+        rec = Recorder(len(completions))
         with self.timer("reward"):
-            rewards = torch.tensor(self.reward_fn(rep(prompts), completions, rep(metadata)), dtype=torch.float32)
+            rewards = torch.tensor(self.reward_fn(rep(prompts), completions, rep(metadata), log_metric=rec.log_metric,
+                                                  log_extra=rec.log_extra), dtype=torch.float32)
         if rewards.shape != (len(completions),):
             raise ValueError(f"reward_fn returned {tuple(rewards.shape)} rewards for {len(completions)} completions")
-        batch = {"prompt_ids": p_ids, "prompt_mask": p_mask, "completion_ids": c_ids, "completion_mask": c_mask,
-                 "rewards": rewards, "completions": completions, "old_logps": None, "ref_logps": None}
+        batch = Rollout(p_ids, p_mask, c_ids, c_mask, completions, rewards, G, metrics=rec.metrics, extras=rec.extras)
         with torch.no_grad(), self.timer("scoring"):
             if cfg.num_iterations > 1:
-                batch["old_logps"] = self._logps(batch)
+                batch.old_logps = self._logps(batch)
             if cfg.beta > 0:
                 with self.model.disable_adapter():
-                    batch["ref_logps"] = self._logps(batch)
+                    batch.ref_logps = self._logps(batch)
+        batch.zero_std = group_advantages(rewards, G)[1] if G > 1 else torch.zeros(len(rewards), dtype=torch.bool)
         if cfg.advantage == "group":
-            batch["advantages"], batch["zero_std"] = group_advantages(rewards, G, cfg.scale_rewards)
+            batch.advantages = group_advantages(rewards, G, cfg.scale_rewards)[0]
         else:
             groups = [m.get("group", 0) for m in rep(metadata)]
-            batch["advantages"] = reinforce_pp_advantages(rewards, c_mask, groups)
-            batch["zero_std"] = group_advantages(rewards, G)[1] if G > 1 else torch.zeros(len(rewards), dtype=torch.bool)
+            batch.advantages = reinforce_pp_advantages(rewards, c_mask, groups)
         return batch
 
-    def _logps(self, batch, rows=slice(None)):
-        """Completion log-probs of the batch's rows under the model as it is now."""
-        return training.completion_logps(self.model, batch["prompt_ids"][rows], batch["prompt_mask"][rows],
-                                         batch["completion_ids"][rows], batch["completion_mask"][rows],
-                                         self.cfg.temperature)
+    def collect(self, draw, groups: int, keep=None, max_rollouts: int = 1):
+        """Rollouts of draw(attempt) -> (prompts, metadata) until `groups` kept prompts or max_rollouts tries.
 
-    def update(self, batch) -> dict:
+        keep(rollout) -> one bool per prompt (all kept when None): the hook for filters such as RLPR's
+        adaptive std filter. Returns (the kept rows, at most `groups` prompts, or None; every rollout made)."""
+        config.check_int("max_rollouts", max_rollouts)
+        kept, made = [], []
+        for attempt in range(max_rollouts):
+            prompts, metadata = draw(attempt)
+            batch = self.rollout(prompts, metadata)
+            made.append(batch)
+            mask = [True] * (len(batch) // batch.group_size) if keep is None else list(keep(batch))
+            if any(mask):
+                kept.append(batch.groups(mask))
+            if sum(len(b) for b in kept) >= groups * batch.group_size:
+                break
+        if not kept:
+            return None, made
+        merged = Rollout.concat(kept, self.tok.pad_token_id)
+        return merged.select(range(min(len(merged), groups * merged.group_size))), made
+
+    def _logps(self, batch: Rollout, rows=slice(None)):
+        """Completion log-probs of the batch's rows under the model as it is now."""
+        return training.completion_logps(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
+                                         batch.completion_ids[rows], batch.completion_mask[rows], self.cfg.temperature)
+
+    def update(self, batch: Rollout) -> dict:
         """num_iterations optimizer steps on one generation batch, each over grad_accum_steps micro-batches."""
         cfg = self.cfg
         self.model.train()
-        chunks = torch.arange(len(batch["rewards"])).chunk(cfg.grad_accum_steps)
+        chunks = torch.arange(len(batch)).chunk(cfg.grad_accum_steps)
         out = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
         for _ in range(cfg.num_iterations):
             for rows in chunks:
                 with self.timer("backward"):
                     logps = self._logps(batch, rows)
-                    old = logps.detach() if batch["old_logps"] is None else batch["old_logps"][rows]
-                    ref = None if batch["ref_logps"] is None else batch["ref_logps"][rows]
-                    loss, stats = grpo_loss(logps, old, ref, batch["advantages"][rows], batch["completion_mask"][rows],
+                    old = logps.detach() if batch.old_logps is None else batch.old_logps[rows]
+                    ref = None if batch.ref_logps is None else batch.ref_logps[rows]
+                    loss, stats = grpo_loss(logps, old, ref, batch.advantages[rows], batch.completion_mask[rows],
                                             cfg.beta, cfg.epsilon_low, cfg.epsilon_high, cfg.loss_type,
                                             cfg.max_new_tokens, cfg.kl_ratio_correction)
                     (loss / len(chunks)).backward()
@@ -203,37 +227,31 @@ class GRPOTrainer:
         return out
 
     def step(self, prompts, metadata=None, step: int = 0) -> dict:
-        """One full GRPO step (generation, scoring, update) with a seed fixed by (seed, step)."""
-        torch.manual_seed(self.cfg.seed * 1_000_003 + step)
+        """One full GRPO step (generation, scoring, update) with a seed derived from (seed, step)."""
+        torch.manual_seed(config.derive_seed(self.cfg.seed, "grpo-step", step))
         self.timer.seconds.clear()
         batch = self.rollout(prompts, metadata)
         stats = self.update(batch)
-        tokens = int(batch["completion_mask"].sum())
+        return {**step_stats(batch), **stats, **self.times(batch)}
+
+    def times(self, batch: Rollout) -> dict:
+        """Wall time of the step by phase, and completion tokens per second."""
         wall = sum(self.timer.seconds.values())
-        r = batch["rewards"]
-        return {"step": step, "reward_mean": float(r.mean()), "reward_std": float(r.std()),
-                "zero_std_frac": float(batch["zero_std"].float().mean()), **stats,
-                "completion_len": tokens / len(r), "tokens_per_s": tokens / max(wall, 1e-9), "wall_s": wall,
+        return {"tokens_per_s": int(batch.completion_mask.sum()) / max(wall, 1e-9), "wall_s": wall,
                 **{f"{k}_s": v for k, v in self.timer.seconds.items()}}
 
-    def train(self, sampler, num_steps: int, folder: "training.RunFolder" = None, progress: bool = True) -> list:
-        """Run steps start..num_steps with sampler(step) -> (prompts, metadata); resumes from folder's checkpoint."""
-        config.check_int("num_steps", num_steps)
-        start = 0
-        if folder is not None:
-            if folder.done:
-                return folder.rows()
-            start = folder.restore(self.model, self.optimizer)["step"]
-        rows = folder.rows() if folder is not None else []
-        bar = tqdm(range(start, num_steps), initial=start, total=num_steps, desc="grpo", disable=not progress)
-        for step in bar:
-            row = self.step(*sampler(step), step=step)
-            rows.append(row)
-            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row['kl']:.4f}")
-            if folder is not None:
-                folder.log(row)
-                if (self.cfg.save_every and (step + 1) % self.cfg.save_every == 0) or step + 1 == num_steps:
-                    folder.save(step + 1, self.model, self.optimizer)
-        if folder is not None:
-            folder.mark_done({"steps": num_steps, "config": asdict(self.cfg)})
+    def train(self, sampler, num_steps: int, folder: "loop.RunFolder" = None, progress: bool = True) -> list:
+        """Steps 0..num_steps with sampler(step) -> (prompts, metadata), on the resumable loop. Returns the rows."""
+        rows, _ = loop.run(lambda step, state: self.step(*sampler(step), step=step), num_steps, self.model,
+                           self.optimizer, folder, save_every=self.cfg.save_every, desc="grpo",
+                           postfix=lambda r: {"reward": f"{r['reward_mean']:.3f}", "kl": f"{r['kl']:.4f}"},
+                           summary={"config": asdict(self.cfg)}, progress=progress)
         return rows
+
+
+def step_stats(batch: Rollout) -> dict:
+    """What every GRPO step logs about its batch: reward, zero-gradient groups, length, reward side data."""
+    r = batch.rewards
+    return {"reward_mean": float(r.mean()), "reward_std": float(r.std()) if len(r) > 1 else 0.0,
+            "zero_std_frac": float(batch.zero_std.float().mean()),
+            "completion_len": float(batch.completion_mask.sum()) / len(r), **batch.metrics}

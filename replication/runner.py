@@ -4,18 +4,12 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__, config, files
-
-NOTEBOOKS = config.ROOT / "notebooks"
+from . import __version__, config, files, report as report_mod
+from .config import NOTEBOOKS, Paths, list_notebooks
 
 
 class RunError(RuntimeError):
     """A notebook failed or a request was invalid; the message is one line naming the fix."""
-
-
-def list_notebooks(folder: Path = NOTEBOOKS) -> list:
-    """Stems of the workbook's notebooks (NN_name.ipynb), in order."""
-    return sorted(p.stem for p in Path(folder).glob("[0-9][0-9]_*.ipynb"))
 
 
 def select(only, folder: Path = NOTEBOOKS) -> list:
@@ -57,25 +51,6 @@ def stamp(stem: str, params: dict, folder: Path = NOTEBOOKS) -> str:
     return files.digest((Path(folder) / f"{stem}.ipynb").read_bytes(), params, package_digest())
 
 
-class Paths:
-    """Where one profile's outputs go."""
-
-    def __init__(self, profile: str):
-        self.root = config.runs_dir() / profile
-        self.notebooks = self.root / "notebooks"
-        self.state = self.root / "state"
-        self.metrics = self.root / "metrics"
-        self.report = self.root / "report"
-
-    def executed(self, stem):
-        return self.notebooks / f"{stem}.ipynb"
-
-    def is_current(self, stem, key) -> bool:
-        state = self.state / f"{stem}.json"
-        return (state.is_file() and files.read_json(state).get("stamp") == key
-                and self.executed(stem).is_file() and (self.metrics / f"{stem}.json").is_file())
-
-
 def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = False, log=print) -> str:
     """Run one notebook unless current; return 'skipped' or 'executed'. Raises RunError on failure."""
     import papermill as pm
@@ -110,8 +85,6 @@ def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = Fal
 def run(profile: str = "default", only=None, force: bool = False, folder: Path = NOTEBOOKS, report: bool = True,
         log=print) -> dict:
     """Execute the selected notebooks in order, then write the figure index and the HTML report."""
-    from . import report as report_mod
-
     config.check_choice("profile", profile, config.PROFILES)
     stems = select(only, folder)
     outcome = {}

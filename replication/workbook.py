@@ -1,23 +1,26 @@
-"""The notebook's run record: seed, figures and claims, written to runs/<profile>/metrics/<stem>.json."""
+"""The notebook's run record: parameters, seed, figures, claims and measurements, written to
+runs/<profile>/metrics/<stem>.json; also the notebook's one cache and its training-run folders."""
 import platform
 import time
 from pathlib import Path
 
-from . import __version__, config, files
+from . import __version__, cache, config, files, figures, loop, params, verdicts
+from . import settings  # noqa: F401  (registers the notebooks' parameter classes)
 
-VERDICTS = ("reproduced", "partly", "not reproduced", "not tested")
+VERDICTS = verdicts.VERDICTS
+CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict", "evidence", "interval", "n", "why"]
 _current = None
 
 
 class Run:
     """What one notebook execution produced; `finish()` writes it atomically."""
 
-    def __init__(self, notebook: str, profile: str, seed: int):
+    def __init__(self, notebook: str, profile: str, seed: int, params=None):
         config.check_choice("profile", profile, config.PROFILES)
         config.check_int("seed", seed, minimum=0)
         if not (len(notebook) > 3 and notebook[:2].isdigit() and notebook[2] == "_"):
             raise ValueError(f"notebook={notebook!r} is not allowed; use the notebook's stem, e.g. '00_setup_and_baselines'")
-        self.notebook, self.profile, self.seed = notebook, profile, seed
+        self.notebook, self.profile, self.seed, self.params = notebook, profile, seed, params
         self.figures, self.claims, self.metrics = [], [], {}
         self.t0 = time.perf_counter()
 
@@ -47,10 +50,41 @@ class Run:
         """Record named results (plain numbers, strings, lists or dicts) in the metrics file."""
         self.metrics.update(metrics)
 
-    def claim(self, claim: str, paper: str, measured: str, verdict: str, why: str) -> dict:
-        """Add one row to the claims ledger: the paper's number beside ours, and a verdict."""
-        config.check_choice("verdict", verdict, VERDICTS)
-        row = {"claim": claim, "paper": str(paper), "measured": str(measured), "verdict": verdict, "why": why}
+    def cached(self, name: str, key, make):
+        """make()'s value, computed once per key under this notebook's cache (replication.cache)."""
+        return cache.cached(self.cache, name, key, make)
+
+    def run_folder(self, name: str, key: dict) -> "loop.RunFolder":
+        """The folder of a training run of this notebook, keyed by its configuration (resumable)."""
+        return loop.RunFolder.keyed(self.cache / "training", name, key)
+
+    def claim(self, claim: str, paper: str, measured: str, evidence: str, why: str, *, n=None, interval=None,
+              direction: int = +1, null: float = 0.0, effect: float = None, matches=None, holds: bool = None,
+              parts: dict = None, not_tested: str = None) -> dict:
+        """Add one row to the claims ledger: the paper's number beside ours, the evidence behind it, and the
+        verdict from the one rule (replication.verdicts): an interval decides alone; otherwise exactly one of
+        matches=(measured, paper, tolerance), holds=<a checked condition>, parts={...} or not_tested=<reason>."""
+        config.check_choice("evidence", evidence, verdicts.EVIDENCE)
+        basis = {k: v for k, v in {"matches": matches, "holds": holds, "parts": parts, "not_tested": not_tested}.items()
+                 if v is not None}
+        if interval is not None and ("holds" in basis or "not_tested" in basis):
+            raise ValueError("an interval decides the verdict by itself; drop holds= / not_tested=")
+        if basis:
+            verdict = verdicts.verdict(**basis)
+        elif interval is not None:
+            verdict = verdicts.verdict(interval=interval, direction=direction, null=null, effect=effect)
+        else:
+            raise ValueError(f"claim {claim!r} has no basis; give interval=, matches=, holds=, parts= or not_tested=")
+        if parts is not None:
+            why = f"{why} [parts: " + "; ".join(f"{k}: {v}" for k, v in parts.items()) + "]"
+        if not_tested is not None:
+            why = f"{why} ({not_tested})" if why else not_tested
+        if evidence == "simulation" and verdicts.SIMULATION_NOTE not in why:
+            why = f"{why} ({verdicts.SIMULATION_NOTE})"
+        if interval is not None:
+            interval = [round(float(interval[0]), 6), round(float(interval[1]), 6)]
+        row = {"claim": claim, "paper": str(paper), "measured": str(measured), "verdict": verdict, "evidence": evidence,
+               "interval": interval, "n": None if n is None else int(n), "why": why}
         self.claims = [c for c in self.claims if c["claim"] != claim] + [row]
         return row
 
@@ -58,27 +92,37 @@ class Run:
         """The ledger as a DataFrame, for the notebook's closing table."""
         import pandas as pd
 
-        return pd.DataFrame(self.claims, columns=["claim", "paper", "measured", "verdict", "why"])
+        return pd.DataFrame(self.claims, columns=CLAIM_COLUMNS)
 
     def finish(self) -> Path:
         """Write runs/<profile>/metrics/<notebook>.json atomically and return its path."""
         record = {
             "notebook": self.notebook, "profile": self.profile, "seed": self.seed,
             "wall_time_s": round(time.perf_counter() - self.t0, 2), "package_version": __version__,
-            "python": platform.python_version(), "figures": self.figures, "claims": self.claims,
+            "python": platform.python_version(), "parameters": self._params_record(),
+            "figures": self.figures, "claims": self.claims,
             "metrics": self.metrics,
         }
         return files.write_json(self.metrics_path, record)
 
+    def _params_record(self):
+        import dataclasses
 
-def start(notebook: str, profile: str = "default", seed: int = 0) -> Run:
-    """Begin a notebook's run: validate, seed everything, set the figure style."""
+        return dataclasses.asdict(self.params) if self.params is not None else None
+
+
+def start(notebook: str, namespace: dict = None, *, profile: str = None, seed: int = None) -> Run:
+    """Begin a notebook's run: build and validate its parameters from the parameters cell's names
+    (`globals()`; the result is `run.params`), seed everything, set the figure style."""
     global _current
-    from . import figures
-
-    run = Run(notebook, profile, seed)
-    config.set_seed(seed)
+    cfg = None
+    if namespace is not None:
+        cfg = params.build(notebook, namespace)
+        profile, seed = cfg.profile, cfg.seed
+    run = Run(notebook, "default" if profile is None else profile, 0 if seed is None else seed, cfg)
+    config.set_seed(run.seed)
     figures.use_style()
+    figures.attach(run)
     _current = run
     return run
 

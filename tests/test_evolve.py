@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from replication import elo, evolve, files, grpo, models, tasks, training
+from replication import elo, evolve, files, grpo, models, tasks, loop, training
 
 GOOD, WRONG, BARE = "So 3 + 4 = 7. The answer is 7.", "The answer is 9.", "seven i think 7"
 
@@ -152,8 +152,8 @@ def test_static_and_point_regimes(tmp_path):
 
 
 def test_resume_restores_weights_and_rating(tmp_path):
-    straight_rows, *_, straight = run_regime(tmp_path, "elo", steps=4, folder=training.RunFolder(tmp_path / "a"))
-    folder = training.RunFolder(tmp_path / "b")
+    straight_rows, *_, straight = run_regime(tmp_path, "elo", steps=4, folder=loop.RunFolder(tmp_path / "a"))
+    folder = loop.RunFolder(tmp_path / "b")
     run_regime(tmp_path, "elo", steps=2, folder=folder)
     (folder.path / "done.json").unlink()
     rows, *_, resumed = run_regime(tmp_path, "elo", steps=4, folder=folder)
@@ -171,7 +171,7 @@ def test_bad_config_is_named(bad, match):
 
 
 def test_a_finished_run_loads_its_final_weights(tmp_path):
-    folder = training.RunFolder(tmp_path / "done")
+    folder = loop.RunFolder(tmp_path / "done")
     *_, trained = run_regime(tmp_path, "static", opponent="mid", steps=2, folder=folder)
     rows, judge, *_, reloaded = run_regime(tmp_path, "static", opponent="mid", steps=2, folder=folder)
     assert judge.seen == [] and len(rows) == 2           # nothing was generated or judged again

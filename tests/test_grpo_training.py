@@ -2,13 +2,13 @@
 import pytest
 import torch
 
-from replication import dpo, grpo, models, training
+from replication import dpo, grpo, models, loop, training
 
 LETTERS = set("abcdefghijklmnopqrstuvwxyz")
 PROMPTS = ["write", "say something", "go", "hello"]
 
 
-def letter_reward(prompts, completions, metadata):
+def letter_reward(prompts, completions, metadata, **log):
     """Fraction of lower-case letters in the completion: a reward that favours a set of tokens."""
     return [sum(ch in LETTERS for ch in c) / max(len(c), 1) for c in completions]
 
@@ -43,24 +43,24 @@ def test_reinforce_pp_and_kl_and_iterations_run():
 
 def test_resume_gives_identical_weights(tmp_path):
     straight = make_trainer()
-    straight.train(sampler, 6, training.RunFolder(tmp_path / "a"), progress=False)
+    straight.train(sampler, 6, loop.RunFolder(tmp_path / "a"), progress=False)
 
     first = make_trainer()
-    folder = training.RunFolder(tmp_path / "b")
+    folder = loop.RunFolder(tmp_path / "b")
     first.train(sampler, 3, folder, progress=False)  # checkpoint at step 3 (and done marker for 3 steps)
     (folder.path / "done.json").unlink()              # as if interrupted after step 3
     second = make_trainer()
     second.train(sampler, 6, folder, progress=False)
 
-    a, b = training.trainable(straight.model), training.trainable(second.model)
+    a, b = loop.trainable(straight.model), loop.trainable(second.model)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["step"] for r in folder.rows()] == list(range(6))
-    assert [r["reward_mean"] for r in folder.rows()] == [r["reward_mean"] for r in training.RunFolder(tmp_path / "a").rows()]
+    assert [r["reward_mean"] for r in folder.rows()] == [r["reward_mean"] for r in loop.RunFolder(tmp_path / "a").rows()]
 
 
 def test_finished_run_is_skipped(tmp_path):
-    folder = training.RunFolder.keyed(tmp_path, "letters", {"steps": 2})
+    folder = loop.RunFolder.keyed(tmp_path, "letters", {"steps": 2})
     rows = make_trainer().train(sampler, 2, folder, progress=False)
     assert folder.done and make_trainer().train(sampler, 2, folder, progress=False) == rows
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import mannwhitneyu
 
-from replication import mae, models, tasks, training
+from replication import mae, models, tasks, loop, training
 
 
 @pytest.mark.parametrize("text, raw, source", [
@@ -131,7 +131,7 @@ def _loop(tmp_path, name, iterations, **kw):
     cfg = mae.MAEConfig(iterations=iterations, proposals=3, n_solve=2, pool_solve=2, question_tokens=10,
                         answer_tokens=10, judge_tokens=10, lr=1e-2, **kw)
     model = mae.new_adapter(model, "main", cfg)
-    folder = training.RunFolder(tmp_path / name) if tmp_path else None
+    folder = loop.RunFolder(tmp_path / name) if tmp_path else None
     return model, mae.run_loop(model, tok, tasks.make_level("1d-1step-add", 4), cfg, folder, progress=False)
 
 

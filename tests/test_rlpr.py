@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import mannwhitneyu
 
-from replication import config, grpo, models, rlpr, training
+from replication import config, grpo, models, rlpr, loop, training
 
 
 def merging_tokenizer():
@@ -225,11 +225,11 @@ def test_filtered_loop_filters_refills_and_resumes(tmp_path):
     pool = rlpr.make_questions(12, 0, seed=0)["train"]
     filt = lambda: rlpr.StdFilter(beta=1.5, warmup_start=0, warmup_end=1)  # noqa: E731  (strict: filters a lot)
     straight = make_trainer()
-    rows = rlpr.train(straight, pool, 4, 2, training.RunFolder(tmp_path / "a"), filt(), max_rollouts=2, progress=False)
+    rows = rlpr.train(straight, pool, 4, 2, loop.RunFolder(tmp_path / "a"), filt(), max_rollouts=2, progress=False)
     assert rows[0]["threshold"] is None and rows[0]["fraction_filtered"] == 0.0
     assert rows[1]["threshold"] == pytest.approx(1.5 * rows[0]["group_std_mean"])
     assert any(r["fraction_filtered"] > 0 for r in rows[1:]) and any(r["rollouts"] == 2 for r in rows[1:])
-    folder = training.RunFolder(tmp_path / "b")
+    folder = loop.RunFolder(tmp_path / "b")
     first = make_trainer()
     rlpr.train(first, pool, 2, 2, folder, filt(), progress=False)
     (folder.path / "done.json").unlink()

@@ -16,7 +16,7 @@ if n < 1:
     raise ValueError(f"n={{n}} is not allowed; it must be >= 1")
 plt.plot(range(n))
 savefig("{num}a_line", "A line of n points.")
-run.claim("a line has n points", "n", str(n), "reproduced", "counted")
+run.claim("a line has n points", "n", str(n), "arithmetic", "counted", holds=len(range(n)) == n)
 run.finish()
 """
 

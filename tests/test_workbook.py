@@ -14,12 +14,17 @@ def test_run_record_and_figures(runs):
     assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.parent == runs / "smoke/figures" for p in paths)
     with pytest.raises(ValueError, match="name="):
         savefig("08a_wrong_notebook", "x")
-    with pytest.raises(ValueError, match="verdict="):
-        run.claim("c", "1", "2", "maybe", "why")
-    run.claim("c", "1", "2", "partly", "why")
-    run.claim("c", "1", "3", "reproduced", "why")  # same claim replaces the earlier row
+    with pytest.raises(ValueError, match="evidence="):
+        run.claim("c", "1", "2", "a hunch", "why", holds=True)
+    with pytest.raises(ValueError, match="no basis"):
+        run.claim("c", "1", "2", "real model", "why")
+    run.claim("c", "1", "2", "real model", "why", interval=(-0.1, 0.2), n=200)
+    run.claim("c", "1", "3", "real model", "why", interval=(0.05, 0.2), n=200)  # same claim replaces the earlier row
     record = json.loads(run.finish().read_text())
     assert record["seed"] == 3 and len(record["claims"]) == 1 and record["claims"][0]["measured"] == "3"
+    row = record["claims"][0]
+    assert row["verdict"] == "reproduced" and row["evidence"] == "real model" and row["interval"] == [0.05, 0.2]
+    assert row["n"] == 200
     assert record["figures"][0]["caption"] == "A line."
 
 

@@ -1,0 +1,97 @@
+"""The one cache: an expensive result made once per key, stored with its key and a checksum.
+
+`cached(folder, name, key, make)` returns make()'s value, stored under folder/<name>-<hash of key>.
+A stored value is used only if its key matches and its checksum holds; a missing, stale or corrupt
+entry is rebuilt and one line says why. Values: JSON-able data, a pandas DataFrame (stored as JSON
+records), or anything torch.save can write (tensors, state dicts), chosen by what make() returns.
+"""
+import hashlib
+import json
+from pathlib import Path
+
+from . import files
+
+
+def _plain(x):
+    """JSON for numpy values and paths only: tensors go to torch.save, so they come back as tensors."""
+    if type(x).__module__.startswith("torch"):
+        raise TypeError("a torch value")
+    return files._jsonable(x)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def path_for(folder, name: str, key) -> Path:
+    """folder/<name>-<hash of key>: the same key finds the same entry."""
+    if not name or "/" in name:
+        raise ValueError(f"name={name!r} is not allowed; use a short name without '/'")
+    return Path(folder) / f"{name}-{files.digest(key)}"
+
+
+def load(path: Path, key):
+    """(value, 'ok') if the entry at path is intact and made for key; else (None, why not)."""
+    meta_path = path / "meta.json"
+    if not meta_path.is_file():
+        return None, "missing"
+    try:
+        meta = files.read_json(meta_path)
+        data = (path / meta["file"]).read_bytes()
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return None, f"unreadable ({type(e).__name__})"
+    if meta.get("key") != json.loads(json.dumps(key, default=files._jsonable)):
+        return None, "made for a different key"
+    if meta.get("sha256") != _sha(data):
+        return None, "contents do not match their checksum"
+    if meta["kind"] == "torch":
+        import io
+
+        import torch
+
+        return torch.load(io.BytesIO(data), weights_only=False), "ok"
+    value = json.loads(data)
+    if meta["kind"] == "frame":
+        import pandas as pd
+
+        value = pd.DataFrame(value)
+    return value, "ok"
+
+
+def store(path: Path, key, value) -> None:
+    """Write value and its meta (key, kind, checksum) atomically; the meta goes last, so a torn write reads as missing."""
+    import pandas as pd
+
+    if isinstance(value, pd.DataFrame):
+        kind, data = "frame", json.dumps(value.to_dict("records"), default=files._jsonable).encode()
+    else:
+        try:
+            kind, data = "json", json.dumps(value, default=_plain).encode()
+        except TypeError:
+            import io
+
+            import torch
+
+            buf = io.BytesIO()
+            torch.save(value, buf)
+            kind, data = "torch", buf.getvalue()
+    name = "value.pt" if kind == "torch" else "value.json"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "meta.json").unlink(missing_ok=True)
+    files.write_bytes(path / name, data)
+    files.write_json(path / "meta.json", {"key": key, "kind": kind, "file": name, "sha256": _sha(data)})
+
+
+def cached(folder, name: str, key, make, log=print):
+    """make()'s value, computed once per key and reloaded afterwards (see the module docstring)."""
+    path = path_for(folder, name, key)
+    value, status = load(path, key)
+    if status == "ok":
+        return value
+    if status != "missing" and log:
+        log(f"cache {name}: rebuilt ({status})")
+    value = make()
+    store(path, key, value)
+    if isinstance(value, (dict, list)):  # hand back exactly what a later load returns
+        value = json.loads(json.dumps(value, default=files._jsonable))
+    return value

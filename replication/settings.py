@@ -1,0 +1,180 @@
+"""The seven notebooks' parameter classes: types, ranges and cross-field rules (defaults live in the cells)."""
+from dataclasses import dataclass
+from typing import Optional
+
+from . import tasks
+from .params import Params, notebook, p
+
+MODEL = p()  # a model name known to replication.models or a local checkpoint folder
+
+
+@notebook("00_setup_and_baselines")
+@dataclass
+class Setup(Params):
+    model: str = MODEL
+    levels: list = p(each={"choices": tuple(tasks.LEVELS)})
+    n_per_level: int = p()
+    max_new_tokens: int = p()
+    batch_size: int = p()
+    throughput_prompts: int = p()
+    measure_first_load: bool = p()
+
+
+@notebook("01_noise_analysis")
+@dataclass
+class Noise(Params):
+    model: str = MODEL
+    n_boot: int = p()
+    n_sim_datasets: int = p()
+    sim_boot: int = p()
+    judge_questions: int = p()
+    pairs_per_question: int = p()
+    k: int = p()
+    batch_size: int = p()
+
+
+@notebook("02_elo_dynamics")
+@dataclass
+class EloDynamics(Params):
+    steps: int = p()
+    batch: int = p()
+    group: int = p()
+    n_seeds: int = p()
+    eta: float = p(low=1e-9, high=100.0)
+    temperatures: list = p(each={"low": 1e-9, "high": 1e9})
+    sweep: list = p(each={"low": 1e-9, "high": 1e9})
+    degrade_step: int = p(minimum=0)
+    degrade_to: float = p(low=0.0, high=1e5)
+    sliders: bool = p()
+    model: str = MODEL
+    level: str = p(choices=tuple(tasks.LEVELS))
+    n_train: int = p()
+    n_eval: int = p()
+    train_steps: int = p()
+    prompts_per_step: int = p()
+    group_size: int = p(minimum=2)
+    rollout_temperature: float = p(low=0.01, high=2.0)
+    max_new_tokens: int = p()
+    lr: float = p(low=0.0, high=0.1)
+    kl_beta: float = p(low=0.0, high=10.0)
+    lora_r: int = p()
+    judge: str = p(choices=("quality", "llm"))
+    judge_model: Optional[str] = p()
+    sigma_comp: float = p(low=1e-9, high=100.0)
+    abs_noise_ratio: Optional[float] = p(low=1e-9, high=1e3)
+    length_margin: int = p(minimum=0)
+    train_temperatures: list = p(each={"low": 1e-9, "high": 1e9})
+    opponents: dict = p()
+
+    def check(self):
+        self.at_most("prompts_per_step", self.n_train, "n_train")
+        for name, spec in self.opponents.items():
+            if not (isinstance(spec, (list, tuple)) and len(spec) == 2 and spec[0] > 0 and int(spec[1]) == spec[1] >= 1):
+                raise ValueError(f"opponents[{name!r}]={spec!r} is not allowed; use [temperature > 0, best of >= 1]")
+
+
+@notebook("03_rlpr_debiasing")
+@dataclass
+class RLPR(Params):
+    model: str = MODEL
+    n_arithmetic: int = p(minimum=0)
+    n_factual: int = p(minimum=0)
+    samples: int = p()
+    temperature: float = p(low=0.05, high=2.0)
+    max_new_tokens: int = p()
+    batch_size: int = p()
+    n_boot: int = p()
+    steps: int = p()
+    batch_prompts: int = p()
+    group: int = p(minimum=2)
+    lr: float = p(low=0.0, high=0.1)
+    lora_r: int = p()
+    warmup_start: int = p(minimum=0)
+    warmup_end: int = p()
+    max_rollouts: int = p()
+    variants: list = p(each={"choices": ("rlpr", "rlvr", "rlpr_no_debias", "rlpr_no_filter")})
+
+    def check(self):
+        if self.warmup_end <= self.warmup_start:
+            raise ValueError(f"warmup_end={self.warmup_end} is not allowed; it must be > warmup_start = {self.warmup_start}")
+        self.at_most("batch_prompts", self.n_arithmetic + self.n_factual, "n_arithmetic + n_factual")
+
+
+@notebook("04_debate_judge_accuracy")
+@dataclass
+class Debate(Params):
+    model: str = MODEL
+    n_questions: int = p()
+    rounds: int = p()
+    word_limit: int = p()
+    best_of: int = p()
+    bon_questions: int = p()
+    temperature: float = p(low=0.01, high=2.0)
+    batch_size: int = p()
+    verdict_checks: int = p()
+    n_debaters: int = p()
+    tournament_rounds: int = p()
+    sim_questions: int = p()
+    n_worlds: int = p()
+    truth_advantage: float = p(low=0.0, high=10.0)
+    rhetoric: float = p(low=0.0, high=10.0)
+    arg_noise: float = p(low=0.0, high=10.0)
+    judge_noise: float = p(low=0.0, high=10.0)
+    judge_noises: list = p(each={"low": 0.0, "high": 10.0})
+
+    def check(self):
+        self.at_most("bon_questions", self.n_questions, "n_questions")
+
+
+@notebook("05_malt_trajectory_trees")
+@dataclass
+class MALT(Params):
+    model: str = MODEL
+    level: str = p(choices=tuple(tasks.LEVELS))
+    n_branch: int = p()
+    train_questions: int = p()
+    eval_questions: int = p()
+    votes: int = p()
+    gen_tokens: int = p()
+    ver_tokens: int = p()
+    ref_tokens: int = p()
+    temperature: float = p(low=0.01, high=2.0)
+    batch_size: int = p()
+    pooling: str = p(choices=("global", "local"))
+    reference: str = p(choices=("sft", "base"))
+    lora_r: int = p()
+    sft_lr: float = p(low=1e-7, high=1.0)
+    sft_epochs: int = p()
+    dpo_lr: float = p(low=1e-7, high=1.0)
+    dpo_epochs: int = p()
+    beta: float = p(low=1e-9, high=100.0)
+    max_sft: int = p()
+    max_pairs: int = p()
+    n_boot: int = p()
+
+
+@notebook("06_multi_agent_evolve")
+@dataclass
+class MAE(Params):
+    model: str = MODEL
+    seed_level: str = p(choices=tuple(tasks.LEVELS))
+    n_seed_questions: int = p()
+    heldout_level: str = p(choices=tuple(tasks.LEVELS))
+    n_heldout: int = p()
+    iterations: int = p()
+    proposals: int = p()
+    n_solve: int = p()
+    pool_solve: int = p()
+    question_tokens: int = p()
+    answer_tokens: int = p()
+    judge_tokens: int = p()
+    eval_tokens: int = p()
+    lr: float = p(low=0.0, high=0.1)
+    lora_r: int = p()
+    reference_ratio: float = p(low=0.0, high=1.0)
+    quality_threshold: float = p(low=0.0, high=1.0)
+    ablation_iterations: int = p()
+    batch_size: int = p()
+
+    def check(self):
+        self.at_most("ablation_iterations", self.iterations, "iterations")

@@ -1,0 +1,83 @@
+"""One verdict rule and one vocabulary for every claim of the workbook.
+
+- ``reproduced``: the paper's direction holds and the 95% interval excludes no effect; or a number
+  recomputed from the paper's own data matches it within the paper's rounding; or a stated check holds.
+- ``not reproduced``: the interval excludes the paper's direction (all of it at or below no effect), or
+  excludes the paper's effect size when one is given (the effect is reliably smaller than reported);
+  or a recomputed number does not match; or a stated check fails.
+- ``inconclusive``: the interval holds both no effect and the paper's direction (and its effect size).
+- ``partly``: a compound claim whose parts disagree; the parts are named in the row.
+- ``not tested``: not run here, with the reason.
+
+Every claim also carries its evidence kind. A simulation shows only that a mechanism produces an effect
+under stated assumptions, and its rows say so.
+"""
+import math
+
+import numpy as np
+
+VERDICTS = ("reproduced", "not reproduced", "inconclusive", "partly", "not tested")
+EVIDENCE = ("arithmetic", "simulation", "real model")
+SIMULATION_NOTE = "simulation: the mechanism under stated assumptions, not the paper's system"
+
+
+def from_interval(low: float, high: float, direction: int = +1, null: float = 0.0, effect: float = None) -> str:
+    """The rule for an estimated effect with a 95% interval [low, high] around it.
+
+    direction: +1 if the paper reports the quantity above `null`, -1 if below. effect: the paper's effect
+    size on the same scale (distance from null, positive), when it is comparable."""
+    if direction not in (+1, -1):
+        raise ValueError(f"direction={direction!r} is not allowed; use +1 (paper: above null) or -1 (below)")
+    if math.isnan(low) or math.isnan(high) or low > high:
+        raise ValueError(f"interval=[{low}, {high}] is not allowed; it needs low <= high (infinite bounds are fine)")
+    lo, hi = sorted(((low - null) * direction, (high - null) * direction))
+    if lo > 0:
+        return "reproduced"
+    if hi <= 0 or (effect is not None and hi < abs(effect)):
+        return "not reproduced"
+    return "inconclusive"
+
+
+def from_match(measured, paper, tolerance) -> str:
+    """The rule for numbers recomputed from the paper's own data: all within the paper's rounding."""
+    m, p = np.atleast_1d(np.asarray(measured, float)), np.atleast_1d(np.asarray(paper, float))
+    if m.shape != p.shape:
+        raise ValueError(f"measured has {m.size} values and paper {p.size}; compare them one to one")
+    return "reproduced" if bool(np.all(np.abs(m - p) <= tolerance)) else "not reproduced"
+
+
+def from_parts(parts: dict) -> str:
+    """A compound claim: one word when all parts agree, else 'partly'."""
+    if not parts:
+        raise ValueError("parts={} is not allowed; name at least one part and its verdict")
+    for name, v in parts.items():
+        if v not in VERDICTS:
+            raise ValueError(f"part {name!r} has verdict {v!r}; choose one of {', '.join(VERDICTS)}")
+    words = set(parts.values())
+    return words.pop() if len(words) == 1 else "partly"
+
+
+def verdict(*, interval=None, direction: int = +1, null: float = 0.0, effect: float = None, matches=None,
+            holds: bool = None, parts: dict = None, not_tested: str = None) -> str:
+    """The verdict of one claim from exactly one kind of basis:
+
+    interval=(low, high)               an estimated effect (with direction, null and the paper's effect);
+    matches=(measured, paper, tol)     numbers recomputed from the paper's data, within its rounding;
+    holds=True/False                   a stated, exactly checkable condition (arithmetic or simulation);
+    parts={"name": verdict, ...}       a compound claim;
+    not_tested="reason"                not run here."""
+    given = [k for k, v in {"interval": interval, "matches": matches, "holds": holds, "parts": parts,
+                            "not_tested": not_tested}.items() if v is not None]
+    if len(given) != 1:
+        raise ValueError(f"give exactly one basis for a verdict (interval, matches, holds, parts or not_tested); got {given or 'none'}")
+    if interval is not None:
+        return from_interval(float(interval[0]), float(interval[1]), direction, null, effect)
+    if matches is not None:
+        return from_match(*matches)
+    if holds is not None:
+        return "reproduced" if bool(holds) else "not reproduced"
+    if parts is not None:
+        return from_parts(parts)
+    if not str(not_tested).strip():
+        raise ValueError("not_tested='' is not allowed; say why the claim was not tested")
+    return "not tested"
