@@ -102,6 +102,21 @@ def make_level(level: str, n: int, seed: int = 0) -> list:
     return make_problems(n, seed=seed, digits=digits, steps=steps, ops=ops)
 
 
+def split(level: str, n_train: int, n_eval: int, seed: int = 0, eval_level: str = None):
+    """The one train / held-out split: n_train problems of `level` and n_eval problems of `eval_level`
+    (default: the same level) whose question text never appears in the training set."""
+    config.check_int("n_train", n_train, minimum=0)
+    config.check_int("n_eval", n_eval, minimum=0)
+    train = make_level(level, n_train, seed=config.derive_seed(seed, "train", level)) if n_train else []
+    seen = {p.question for p in train}
+    pool = make_level(eval_level or level, 3 * (n_eval + n_train) + 10, seed=config.derive_seed(seed, "heldout", eval_level or level))
+    heldout = list({p.question: p for p in pool if p.question not in seen}.values())
+    if len(heldout) < n_eval:
+        raise ValueError(f"n_eval={n_eval} is not allowed; level {eval_level or level} has only {len(heldout)} "
+                         f"questions unseen in training")
+    return train, heldout[:n_eval]
+
+
 def _to_number(s: str):
     s = s.replace(",", "")
     try:
@@ -139,13 +154,18 @@ def has_format(text: str) -> bool:
 
 
 def evaluate(model, tok, problems, max_new_tokens: int = 64, batch_size: int = 16, seed: int = 0,
-             temperature: float = 0.0, instruction: str = INSTRUCTION, progress: bool = True):
-    """One reply per problem, scored: DataFrame with the reply, lenient and strict correctness, format."""
+             temperature: float = 0.0, instruction: str = INSTRUCTION, prompts=None, progress: bool = True):
+    """The one held-out evaluation of answers to problems: one reply per problem (greedy unless a temperature
+    is given) to p.prompt(instruction), or to the given prompts; a DataFrame with the reply, lenient and strict
+    correctness (exact verifier), format and length."""
     import pandas as pd
 
     from .models import generate
 
-    gen = generate(model, tok, [p.prompt(instruction) for p in problems], max_new_tokens=max_new_tokens,
+    prompts = [p.prompt(instruction) for p in problems] if prompts is None else list(prompts)
+    if len(prompts) != len(problems):
+        raise ValueError(f"prompts has {len(prompts)} entries for {len(problems)} problems")
+    gen = generate(model, tok, prompts, max_new_tokens=max_new_tokens,
                    temperature=temperature, seed=seed, batch_size=batch_size, progress=progress)
     rows = [{**p.to_dict(), "reply": text, "extracted": extract_answer(text), "correct": verify(text, p.answer),
              "correct_strict": verify(text, p.answer, strict=True), "format": has_format(text),
