@@ -58,7 +58,7 @@ def load(path: Path, key):
     return value, "ok"
 
 
-def store(path: Path, key, value) -> None:
+def store(path: Path, key, value) -> str:
     """Write value and its meta (key, kind, checksum) atomically; the meta goes last, so a torn write reads as missing."""
     import pandas as pd
 
@@ -80,6 +80,7 @@ def store(path: Path, key, value) -> None:
     (path / "meta.json").unlink(missing_ok=True)
     files.write_bytes(path / name, data)
     files.write_json(path / "meta.json", {"key": key, "kind": kind, "file": name, "sha256": _sha(data)})
+    return kind
 
 
 def cached(folder, name: str, key, make, log=print):
@@ -91,7 +92,6 @@ def cached(folder, name: str, key, make, log=print):
     if status != "missing" and log:
         log(f"cache {name}: rebuilt ({status})")
     value = make()
-    store(path, key, value)
-    if isinstance(value, (dict, list)):  # hand back exactly what a later load returns
-        value = json.loads(json.dumps(value, default=files._jsonable))
+    if store(path, key, value) == "json":  # hand back exactly what a later load returns (tuples as lists...)
+        value = json.loads(json.dumps(value, default=_plain))
     return value

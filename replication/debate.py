@@ -1,14 +1,16 @@
 """Debate, consultancy and judging with a real LM (Khan et al. 2024): short stories with two answers, the
 quote tool, word limits, debaters and consultants (best-of-N by a preference model), and a judge read from
-its probabilities for the two answers in both orders. Tournaments and Elo live in debate_sim."""
-import json
+its probabilities for the two answers in both orders, and the per-question summaries the notebook compares
+(accuracy with Wilson intervals, paired differences through replication.stats). Tournaments and Elo live in
+debate_sim."""
 import re
 import string
+import time
 
 import numpy as np
+import pandas as pd
 
-from . import config, files, judges, models
-from .debate_sim import fit_elo, fit_elo_sides, ratings, round_robin, swiss_pairing, swiss_tournament  # noqa: F401
+from . import config, files, judges, models, stats
 
 STORIES_FILE = config.ROOT / "data" / "generated" / "debate_stories.json"
 NAMES = ["Ines", "Tomas", "Priya", "Okafor", "Lena", "Rafael", "Mei", "Soren", "Adaeze", "Kofi", "Yara", "Bruno"]
@@ -167,20 +169,6 @@ def judge(model, tok, items, kind: str, transcripts=None, batch_size: int = 16) 
             "p_says_a": p_a}
 
 
-def accuracy(p_correct) -> dict:
-    """Judge accuracy: the share of questions whose order-averaged P(correct) is above 0.5 (0.5 counts half),
-    with SE = sqrt(p (1 - p) / n) and a normal 95% interval."""
-    p_correct = np.asarray(p_correct, float)
-    n = len(p_correct)
-    if n == 0:
-        raise ValueError("p_correct is empty; accuracy needs at least one judgment")
-    hits = (p_correct > 0.5) + 0.5 * (p_correct == 0.5)
-    p = float(hits.mean())
-    se = float(np.sqrt(p * (1 - p) / n))
-    return {"accuracy": p, "se": se, "ci95": [max(0.0, p - 1.96 * se), min(1.0, p + 1.96 * se)], "n": n,
-            "mean_p_correct": float(p_correct.mean())}
-
-
 def parse_judgment(text: str, item: dict, correct_first: bool = True):
     """True/False for a generated verdict (a letter, or one answer's text), None if it names neither or both."""
     letter = judges.parse_choice(text)
@@ -192,6 +180,11 @@ def parse_judgment(text: str, item: dict, correct_first: bool = True):
 
 
 # --- protocols ----------------------------------------------------------------------------------------------
+def generation_seed(seed: int, round_: int) -> int:
+    """The sampling seed of one round, from config.derive_seed (kept to 32 bits: models.generate multiplies it)."""
+    return config.derive_seed(seed, "debate-round", round_) % 2**32
+
+
 def argue(model, tok, prompts, word_limit: int, best_of: int, temperature: float, seed: int, batch_size: int,
           open_quote: bool = True):
     """best_of candidate arguments per prompt, word-limited: a list (per prompt) of lists of strings. With
@@ -240,8 +233,8 @@ def run_protocol(model, tok, items, kind: str, rounds: int = 3, word_limit: int 
                 prompts.append(template.format(mine=mine, theirs=theirs, limit=word_limit, story=it["story"],
                                                question=it["question"], history=history(turns[k], s), round=r))
                 jobs.append((k, s))
-        cands, n_tok = argue(model, tok, prompts, word_limit, best_of, temperature, seed + 7919 * r, batch_size,
-                             open_quote)
+        cands, n_tok = argue(model, tok, prompts, word_limit, best_of, temperature, generation_seed(seed, r),
+                             batch_size, open_quote)
         tokens += n_tok
         new = [[None] * len(sides) for _ in items]
         checked = [[verify_quotes(c, items[k]["story"]) for c in options] for (k, s), options in zip(jobs, cands)]
@@ -262,10 +255,122 @@ def run_protocol(model, tok, items, kind: str, rounds: int = 3, word_limit: int 
     return {"items": items, "transcripts": turns, "arguments": log, "tokens": tokens}
 
 
-def cached(path, make):
-    """Load JSON from path if present, else compute it with make() and write it atomically."""
-    if path.is_file():
-        return json.loads(path.read_text())
-    out = make()
-    files.write_json(path, out)
-    return json.loads(path.read_text())
+def cached_protocol(cache, model, tok, items, kind: str, *, model_name: str, rounds: int, word_limit: int,
+                    best_of: int, temperature: float, seed: int, batch_size: int, open_quote: bool = True) -> dict:
+    """run_protocol once per configuration through cache(name, key, make) (the notebook's run.cached), keyed by
+    everything that determines the transcripts; the result also holds the seconds it took to make."""
+    key = {"kind": kind, "ids": [it["id"] for it in items], "rounds": rounds, "word_limit": word_limit,
+           "best_of": best_of, "temperature": temperature, "seed": seed, "model": model_name, "open_quote": open_quote}
+
+    def make():
+        t0 = time.perf_counter()
+        out = run_protocol(model, tok, items, kind, rounds=rounds, word_limit=word_limit, best_of=best_of,
+                           temperature=temperature, seed=seed, batch_size=batch_size, open_quote=open_quote)
+        return {**out, "seconds": time.perf_counter() - t0}
+
+    return cache(f"{kind}-bo{best_of}", key, make)
+
+
+# --- accuracy and comparisons -------------------------------------------------------------------------------
+def hits(p_correct) -> np.ndarray:
+    """Per judgment: 1 where the order-averaged P(correct) is above 0.5, 0 below, 0.5 at exactly 0.5."""
+    p = np.asarray(p_correct, float)
+    return (p > 0.5) + 0.5 * (p == 0.5)
+
+
+def question_scores(p_correct, per_question: int = 1) -> np.ndarray:
+    """Per question: the mean of hits over its `per_question` consecutive judgments (2 in consultancy: the
+    correct and the incorrect consultant), so protocols can be paired on the same questions."""
+    return hits(p_correct).reshape(-1, per_question).mean(1)
+
+
+def accuracy(p_correct) -> dict:
+    """Judge accuracy (the paper's definition): the share of judgments that are correct (hits), with n and a
+    95% Wilson interval (stats.proportion_ci), and the mean order-averaged P(correct)."""
+    h = hits(p_correct)
+    if len(h) == 0:
+        raise ValueError("p_correct is empty; accuracy needs at least one judgment")
+    p, lo, hi = stats.proportion_ci(float(h.sum()), len(h))
+    return {"accuracy": p, "ci95": [lo, hi], "n": len(h), "mean_p_correct": float(np.mean(p_correct))}
+
+
+def versus_chance(acc: dict) -> str:
+    """Where an accuracy's 95% interval lies relative to chance (0.5)."""
+    lo, hi = acc["ci95"]
+    return "above chance" if lo > 0.5 else "below chance" if hi < 0.5 else "consistent with chance"
+
+
+def fmt_accuracy(acc: dict) -> str:
+    """'55% [34%, 74%]' from an accuracy() record."""
+    return f"{acc['accuracy']:.0%} [{acc['ci95'][0]:.0%}, {acc['ci95'][1]:.0%}]"
+
+
+def accuracy_table(accs: dict) -> pd.DataFrame:
+    """One row per protocol: accuracy, its Wilson interval, n, mean P(correct) and where it lies against chance."""
+    return pd.DataFrame([{"protocol": k, "accuracy": a["accuracy"], "ci_low": a["ci95"][0], "ci_high": a["ci95"][1],
+                          "n": a["n"], "mean_p_correct": a["mean_p_correct"], "vs chance": versus_chance(a)}
+                         for k, a in accs.items()]).set_index("protocol")
+
+
+def protocol_differences(judgments: dict, seed: int, n_boot: int = 2000) -> dict:
+    """Paired accuracy differences on the same questions (stats.paired_bootstrap, 95% interval):
+    debate - naive, debate - consultancy (consultancy per question: mean of its two consultants) and
+    expert - debate. judgments: protocol -> judge() output. Returns name -> (difference, low, high)."""
+    q = {k: question_scores(v["p_correct"], 2 if k == "consultancy" else 1) for k, v in judgments.items()}
+    pairs = {"debate - naive": ("debate", "naive"), "debate - consultancy": ("debate", "consultancy"),
+             "expert - debate": ("expert", "debate")}
+    return {name: stats.paired_bootstrap(q[a], q[b], n_boot=n_boot, seed=config.derive_seed(seed, "bootstrap", name))
+            for name, (a, b) in pairs.items()}
+
+
+def position_bias(judgments: dict) -> pd.DataFrame:
+    """Per protocol: the judge's mean P(says A), its accuracy with the correct answer shown first and second
+    (single-order verdicts), and the mean order-averaged P(correct)."""
+    return pd.DataFrame({k: {"P(says A)": float(v["p_says_a"].mean()),
+                             "acc, correct shown first": float(np.mean(v["p_correct_first"] > 0.5)),
+                             "acc, correct shown second": float(np.mean(v["p_correct_second"] > 0.5)),
+                             "mean P(correct), averaged orders": float(np.mean(v["p_correct"]))}
+                         for k, v in judgments.items()}).T
+
+
+def arguments_frame(**runs) -> pd.DataFrame:
+    """The arguments of several run_protocol outputs (protocol=output) in one frame, sides named."""
+    frames = [pd.DataFrame(out["arguments"]).assign(protocol=name) for name, out in runs.items()]
+    args = pd.concat(frames, ignore_index=True)
+    args["side"] = args["side"].replace({0: "correct", 1: "distractor"})
+    return args
+
+
+def verified_rate(args: pd.DataFrame):
+    """Verified quotes / quotes over all arguments; None when there are no quotes at all."""
+    total = int(args["quotes"].sum())
+    return float(args["verified"].sum() / total) if total else None
+
+
+def quote_table(args: pd.DataFrame) -> pd.DataFrame:
+    """Per protocol and side: arguments, mean and longest length in words, share with a quote, quotes and
+    the verified share."""
+    out = args.groupby(["protocol", "side"]).agg(arguments=("words", "size"), mean_words=("words", "mean"),
+                                                 max_words=("words", "max"),
+                                                 with_quote=("quotes", lambda q: float(np.mean(q > 0))),
+                                                 quotes=("quotes", "sum"), verified=("verified", "sum"))
+    out["verified_rate"] = out["verified"] / out["quotes"].where(out["quotes"] > 0)
+    return out
+
+
+def generated_verdicts(model, tok, items, transcripts, p_correct_first, seed: int, batch_size: int) -> dict:
+    """Judge debates by a short greedy reply (correct answer shown first), parsed by parse_judgment: how often
+    the reply is usable, and its agreement with the probability verdict in the same order
+    (stats.agreement on the usable replies, with its Wilson interval)."""
+    prompts = [judge_prompt(it, "debate", tr, True) for it, tr in zip(items, transcripts)]
+    replies = models.generate(model, tok, prompts, max_new_tokens=8, temperature=0.0, seed=seed,
+                              batch_size=batch_size).texts
+    parsed = [parse_judgment(t, it, True) for t, it in zip(replies, items)]
+    usable = np.array([p is not None for p in parsed])
+    out = {"n": len(parsed), "parse_rate": float(usable.mean()) if len(parsed) else float("nan"),
+           "agreement_with_probabilities": float("nan"), "ci95": None, "examples": replies[:4]}
+    if usable.any():
+        says = np.array([bool(v) for v in parsed])  # None (unusable) reads False and is masked out
+        agree = stats.agreement(np.asarray(p_correct_first, float)[usable], says[usable])
+        out.update(agreement_with_probabilities=agree["agreement"], ci95=agree["ci95"])
+    return out

@@ -12,16 +12,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from scipy.optimize import minimize
 
-from . import config
+from . import config, elo, stats
 
 START = 1500.0
-
-
-def elo_win_prob(r1, r2):
-    """P(player 1 beats player 2) = 1 / (1 + 10^((r2 - r1) / 400))."""
-    return 1.0 / (1.0 + 10.0 ** ((np.asarray(r2, float) - np.asarray(r1, float)) / 400.0))
 
 
 def _nelder_mead(loss, x0, restarts: int = 4):
@@ -38,21 +34,21 @@ def _nelder_mead(loss, x0, restarts: int = 4):
 
 
 def fit_elo(i, j, win_rate, n: int):
-    """Aggregate Elo as the authors fit it: minimise sum (elo_win_prob(r_i, r_j) - w_ij)^2 by Nelder-Mead from
-    1500 for every player; the free offset is then set so the mean rating is 1500."""
+    """Aggregate Elo as the authors fit it: minimise sum (expected_score(r_i, r_j) - w_ij)^2 (replication.elo)
+    by Nelder-Mead from 1500 for every player; the free offset is then set so the mean rating is 1500."""
     i, j, w = np.asarray(i), np.asarray(j), np.asarray(win_rate, float)
     if not (len(i) == len(j) == len(w)) or len(w) == 0:
         raise ValueError("i, j and win_rate must be non-empty and the same length")
-    r = _nelder_mead(lambda r: np.sum((elo_win_prob(r[i], r[j]) - w) ** 2), np.full(n, START))
+    r = _nelder_mead(lambda r: np.sum((elo.expected_score(r[i], r[j]) - w) ** 2), np.full(n, START))
     return r - r.mean() + START
 
 
 def fit_elo_sides(correct, incorrect, win_rate_correct, n: int):
-    """Correct- and incorrect-side Elo: w = elo_win_prob(E^C[correct], E^I[incorrect]) for each match in which
+    """Correct- and incorrect-side Elo: w = expected_score(E^C[correct], E^I[incorrect]) for each match in which
     `correct` argued the right answer and won a share `win_rate_correct` of judgments. Returns (E^C, E^I),
     offset so that the mean of all 2n ratings is 1500."""
     c, k, w = np.asarray(correct), np.asarray(incorrect), np.asarray(win_rate_correct, float)
-    r = _nelder_mead(lambda r: np.sum((elo_win_prob(r[c], r[n + k]) - w) ** 2), np.full(2 * n, START))
+    r = _nelder_mead(lambda r: np.sum((elo.expected_score(r[c], r[n + k]) - w) ** 2), np.full(2 * n, START))
     r = r - r.mean() + START
     return r[:n], r[n:]
 
@@ -191,31 +187,117 @@ class World:
 def study(n_debaters: int = 20, num_rounds: int = 4, skill_range=(0.2, 3.0), seed: int = 0, **world) -> dict:
     """One simulated cross-play study: debaters with persuasiveness drawn from skill_range play a Swiss
     tournament and a round robin; Elo is fitted to both; every debater also plays self-play debate and
-    consultancy. Returns per-debater arrays and the statistics that test the paper's findings."""
-    from scipy import stats
+    consultancy. The evidence and the play draw on seeds derived from `seed` (config.derive_seed), so a world
+    with other parameters but the same seed has the same debaters and questions. Returns per-debater arrays
+    and the statistics that test the paper's findings."""
+    from scipy import stats as sps
 
     config.check_int("n_debaters", n_debaters, minimum=3)
-    rng = np.random.default_rng(seed)
-    w = World(seed=seed, **world)
+    rng = np.random.default_rng(config.derive_seed(seed, "play"))
+    w = World(seed=config.derive_seed(seed, "evidence"), **world)
     skills = np.sort(rng.uniform(*skill_range, n_debaters))
     swiss, _, byes = swiss_tournament(n_debaters, w.player(skills, rng), num_rounds)
     rr = round_robin(n_debaters, w.player(skills, rng))
-    elo = ratings(swiss, n_debaters)
+    elos = ratings(swiss, n_debaters)
     elo_rr = fit_elo([m["i"] for m in rr], [m["j"] for m in rr], [m["w"] for m in rr], n_debaters)
     self_play = np.array([w.self_play_accuracy(s, rng) for s in skills])
     cons = [w.consultancy_accuracy(s, rng) for s in skills]
     cons_acc, cons_win = np.array([c["accuracy"] for c in cons]), np.array([c["win_rate"] for c in cons])
-    gap = elo["correct"] - elo["incorrect"]
-    return {"skills": skills, "elo": elo, "elo_rr": elo_rr, "self_play": self_play, "consultancy": cons_acc,
+    gap = elos["correct"] - elos["incorrect"]
+    return {"skills": skills, "elo": elos, "elo_rr": elo_rr, "self_play": self_play, "consultancy": cons_acc,
             "consultant_win_rate": cons_win, "swiss_matches": len(swiss), "round_robin_matches": len(rr),
             "byes": len(byes),
-            "stats": {"elo_accuracy_corr": float(stats.pearsonr(elo["aggregate"], self_play)[0]),
+            "stats": {"elo_accuracy_corr": float(sps.pearsonr(elos["aggregate"], self_play)[0]),
                       "correct_minus_incorrect_elo": float(gap.mean()),
-                      "gap_vs_aggregate_slope": float(np.polyfit(elo["aggregate"], gap, 1)[0]),
-                      "consultancy_trend": float(stats.spearmanr(cons_win, cons_acc)[0]),
+                      "gap_vs_aggregate_slope": float(np.polyfit(elos["aggregate"], gap, 1)[0]),
+                      "consultancy_trend": float(sps.spearmanr(cons_win, cons_acc)[0]),
                       "consultancy_slope": float(np.polyfit(cons_win, cons_acc, 1)[0]),
                       "debate_minus_consultancy": float((self_play - cons_acc).mean()),
-                      "swiss_vs_roundrobin_kendall_tau": float(stats.kendalltau(elo["aggregate"], elo_rr)[0]),
-                      "swiss_vs_true_kendall_tau": float(stats.kendalltau(elo["aggregate"], skills)[0]),
-                      "roundrobin_vs_true_kendall_tau": float(stats.kendalltau(elo_rr, skills)[0]),
-                      "elo_spread": float(elo["aggregate"].std())}}
+                      "swiss_vs_roundrobin_kendall_tau": float(sps.kendalltau(elos["aggregate"], elo_rr)[0]),
+                      "swiss_vs_true_kendall_tau": float(sps.kendalltau(elos["aggregate"], skills)[0]),
+                      "roundrobin_vs_true_kendall_tau": float(sps.kendalltau(elo_rr, skills)[0]),
+                      "elo_spread": float(elos["aggregate"].std())}}
+
+
+# --- many worlds: the notebook's tables and the intervals of its claims ----------------------------------------
+def worlds(n_worlds: int, seed: int, n_debaters: int, num_rounds: int, **world) -> list:
+    """study() in n_worlds worlds; world k's seed is config.derive_seed(seed, "world", k), so calls with
+    other world parameters (the control, other judges) meet the same debaters and questions, world by world."""
+    config.check_int("n_worlds", n_worlds)
+    return [study(n_debaters, num_rounds, seed=config.derive_seed(seed, "world", k), **world) for k in range(n_worlds)]
+
+
+def per_world(studies, name: str) -> np.ndarray:
+    """One statistic of study()['stats'], one value per world."""
+    return np.array([s["stats"][name] for s in studies], float)
+
+
+def summary(studies, nulls) -> pd.DataFrame:
+    """Mean and SD over worlds of every statistic, with truth advantage and in the control without it."""
+    def agg(ss):
+        return pd.DataFrame([s["stats"] for s in ss]).agg(["mean", "std"]).T
+
+    return agg(studies).add_suffix(" (truth advantage)").join(agg(nulls).add_suffix(" (no truth advantage)"))
+
+
+def fmt_world(table: pd.DataFrame, name: str, digits: int = 2) -> str:
+    """'mean ± SD over worlds (control: mean)' of one statistic from summary()."""
+    m, sd, c = (table.loc[name, col] for col in ("mean (truth advantage)", "std (truth advantage)",
+                                                 "mean (no truth advantage)"))
+    return f"{m:.{digits}f} ± {sd:.{digits}f} (control: {c:.{digits}f})"
+
+
+def world_difference(studies, nulls, name: str, seed: int, n_boot: int = 2000):
+    """(mean difference, low, high) of a statistic, truth-advantage world minus its control, paired world by
+    world (stats.paired_bootstrap over the simulated worlds)."""
+    return stats.paired_bootstrap(per_world(studies, name), per_world(nulls, name), n_boot=n_boot,
+                                  seed=config.derive_seed(seed, "world-difference", name))
+
+
+def persuasiveness_curve(grid, seed: int, **world) -> pd.DataFrame:
+    """Self-play debate accuracy, consultancy accuracy and consultant win rate for one debater per
+    persuasiveness s in grid (one world, seeds derived from `seed`)."""
+    w = World(seed=config.derive_seed(seed, "curve-evidence"), **world)
+    rng = np.random.default_rng(config.derive_seed(seed, "curve-play"))
+    return pd.DataFrame([{"s": s, "debate": w.self_play_accuracy(s, rng), **w.consultancy_accuracy(s, rng)}
+                         for s in grid])
+
+
+def judge_sweep(judge_noises, n_worlds: int, seed: int, n_debaters: int, num_rounds: int, **world) -> pd.DataFrame:
+    """The same worlds (see worlds()) judged by judges of each noise: one row per judge noise and world with
+    the mean self-play accuracy and the world's statistics."""
+    rows = []
+    for jn in judge_noises:
+        for k, res in enumerate(worlds(n_worlds, seed, n_debaters, num_rounds, **{**world, "judge_noise": jn})):
+            rows.append({"judge_noise": jn, "world": k, "mean self-play accuracy": float(res["self_play"].mean()),
+                         **res["stats"]})
+    return pd.DataFrame(rows)
+
+
+JUDGE_COLUMNS = ["elo_spread", "mean self-play accuracy", "elo_accuracy_corr", "swiss_vs_roundrobin_kendall_tau"]
+
+
+def judge_table(sweep: pd.DataFrame) -> pd.DataFrame:
+    """Means over worlds per judge noise."""
+    return sweep.groupby("judge_noise")[JUDGE_COLUMNS].mean()
+
+
+def judge_difference(sweep: pd.DataFrame, column: str, seed: int, n_boot: int = 2000):
+    """(difference, low, high): the strongest judge (lowest noise) minus the weakest (highest noise) in one
+    column, paired world by world (stats.paired_bootstrap)."""
+    lo, hi = sweep["judge_noise"].min(), sweep["judge_noise"].max()
+    strong = sweep[sweep["judge_noise"] == lo].sort_values("world")[column].to_numpy(float)
+    weak = sweep[sweep["judge_noise"] == hi].sort_values("world")[column].to_numpy(float)
+    return stats.paired_bootstrap(strong, weak, n_boot=n_boot,
+                                  seed=config.derive_seed(seed, "judge-difference", column))
+
+
+def swiss_check(studies, tau_bar: float = 0.8, seed: int = 0) -> dict:
+    """The tournament method's stated condition: in every world the Swiss tournament uses fewer matches than a
+    round robin, and its Elo ranks the debaters like the round robin's (mean Kendall tau over worlds >= tau_bar).
+    Also the mean tau with a bootstrap interval over worlds (stats.bootstrap)."""
+    tau = per_world(studies, "swiss_vs_roundrobin_kendall_tau")
+    fewer = all(s["swiss_matches"] < s["round_robin_matches"] for s in studies)
+    est, lo, hi = stats.bootstrap(np.mean, tau, seed=config.derive_seed(seed, "swiss-tau"))
+    return {"holds": bool(fewer and est >= tau_bar), "tau": est, "ci95": [lo, hi], "tau_bar": tau_bar,
+            "swiss_matches": studies[0]["swiss_matches"], "round_robin_matches": studies[0]["round_robin_matches"]}

@@ -1,12 +1,11 @@
 """SFT and DPO for named LoRA adapters on one base model; the DPO reference is the model with adapters
-disabled or the adapter as it was before DPO."""
+disabled or the adapter as it was before DPO. Both trainers are step functions on the one loop (loop.run)."""
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
-from . import config, training
+from . import config, loop, training
 
 
 @dataclass
@@ -51,11 +50,10 @@ def _activate(model, adapter_name):
         raise ValueError("model has no trainable parameters; attach a LoRA adapter with models.add_lora")
 
 
-def _batches(n, batch_size, epochs, seed):
+def _batches(n, batch_size, epochs, seed) -> list:
+    """Index batches: one seeded shuffle of range(n) per epoch, cut into batch_size pieces (none if n == 0)."""
     g = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
-        order = torch.randperm(n, generator=g)
-        yield from order.split(batch_size)
+    return [b for _ in range(epochs) for b in torch.randperm(n, generator=g).split(batch_size) if len(b)]
 
 
 def _seq_logps(model, tok, prompts, completions, system):
@@ -70,20 +68,23 @@ def _seq_sums(model, tok, prompts, completions, system):
 
 
 def train_sft(model, tok, examples, cfg: PreferenceConfig, adapter_name=None, progress=True) -> list:
-    """Supervised fine-tuning on (prompt, completion) pairs, loss on completion tokens only."""
+    """Supervised fine-tuning on (prompt, completion) pairs, loss on completion tokens only; one row per step."""
     cfg.validate()
     _activate(model, adapter_name)
+    batches = _batches(len(examples), cfg.batch_size, cfg.epochs, cfg.seed)
+    if not batches:
+        return []
     opt = torch.optim.AdamW(training.trainable(model).values(), lr=cfg.lr)
-    rows = []
-    model.train()
-    for step, idx in enumerate(tqdm(list(_batches(len(examples), cfg.batch_size, cfg.epochs, cfg.seed)),
-                                    desc=f"sft {adapter_name or ''}", disable=not progress)):
-        batch = [examples[i] for i in idx]
+
+    def step(i, state):
+        batch = [examples[k] for k in batches[i]]
         logps, mask = _seq_logps(model, tok, [p for p, _ in batch], [c for _, c in batch], cfg.system)
         loss = sft_loss(logps, mask)
         loss.backward()
-        norm = training.optimizer_step(model, opt, cfg.max_grad_norm)
-        rows.append({"step": step, "loss": float(loss.detach()), "grad_norm": norm})
+        return {"loss": float(loss.detach()), "grad_norm": training.optimizer_step(model, opt, cfg.max_grad_norm)}
+
+    model.train()
+    rows, _ = loop.run(step, len(batches), model, opt, desc=f"sft {adapter_name or ''}", progress=progress)
     model.eval()
     return rows
 
@@ -97,7 +98,9 @@ def train_dpo(model, tok, pairs, cfg: PreferenceConfig, adapter_name=None, progr
     cfg.validate()
     config.check_choice("reference", reference, REFERENCES)
     _activate(model, adapter_name)
-    batches = list(_batches(len(pairs), cfg.batch_size, cfg.epochs, cfg.seed))
+    batches = _batches(len(pairs), cfg.batch_size, cfg.epochs, cfg.seed)
+    if not batches:
+        return []
     texts = [([p for p, _, _ in b] * 2, [c for _, c, _ in b] + [r for _, _, r in b])
              for b in ([pairs[i] for i in idx] for idx in batches)]
     model.eval()
@@ -106,21 +109,24 @@ def train_dpo(model, tok, pairs, cfg: PreferenceConfig, adapter_name=None, progr
         with torch.no_grad():
             refs = [_seq_sums(model, tok, prompts, completions, cfg.system) for prompts, completions in texts]
     opt = torch.optim.AdamW(training.trainable(model).values(), lr=cfg.lr)
-    rows = []
-    for step, (prompts, completions) in enumerate(tqdm(texts, desc=f"dpo {adapter_name or ''}", disable=not progress)):
+
+    def step(i, state):
+        prompts, completions = texts[i]
         if reference == "base":
             model.eval()
             with torch.no_grad(), model.disable_adapter():
                 ref = _seq_sums(model, tok, prompts, completions, cfg.system)
         else:
-            ref = refs[step]
+            ref = refs[i]
         model.train()
         seq = _seq_sums(model, tok, prompts, completions, cfg.system)
         k = len(prompts) // 2
         loss, margin = dpo_loss(seq[:k], seq[k:], ref[:k], ref[k:], cfg.beta)
         loss.backward()
         norm = training.optimizer_step(model, opt, cfg.max_grad_norm)
-        rows.append({"step": step, "loss": float(loss.detach()), "margin": float(margin.mean()),
-                     "accuracy": float((margin > 0).float().mean()), "grad_norm": norm})
+        return {"loss": float(loss.detach()), "margin": float(margin.mean()),
+                "accuracy": float((margin > 0).float().mean()), "grad_norm": norm}
+
+    rows, _ = loop.run(step, len(texts), model, opt, desc=f"dpo {adapter_name or ''}", progress=progress)
     model.eval()
     return rows

@@ -1,4 +1,5 @@
-"""Elo for Elo-Evolve: expected score, the policy's batch update, and temperature-based opponent sampling.
+"""Elo for Elo-Evolve: expected score, the policy's batch update, temperature-based opponent sampling,
+rating fits to round-robin win rates, and the learning model of notebook 02 with its summaries.
 
 Opponent ratings stay fixed; only the policy's rating moves. Sampling is per sample:
 p(M_k | pi) is proportional to exp(-|R(pi) - R(M_k)| / T).
@@ -77,3 +78,122 @@ def simulate(temperature: float, steps: int = 1000, batch: int = 128, group: int
         skill += eta * mixed
         out["rating"][t], out["skill"][t], out["mixed"][t], out["probs"][t] = rating, skill, mixed, probs
     return out
+
+
+def fit_ratings(wins: np.ndarray, anchor: int = 0, anchor_rating: float = 1350.0) -> np.ndarray:
+    """Elo ratings maximising the Bradley-Terry likelihood of round-robin win rates (wins[i, j] = P(i beats j)),
+    with player `anchor` fixed at anchor_rating (ratings in Elo points, base 10, scale 400)."""
+    from scipy import optimize
+
+    w = np.clip(np.asarray(wins, float), 1e-6, 1 - 1e-6)
+    n = len(w)
+    free = [i for i in range(n) if i != anchor]
+    off = ~np.eye(n, dtype=bool)
+
+    def nll(x):
+        r = np.full(n, anchor_rating)
+        r[free] = x
+        e = expected_score(r[:, None], r[None, :])
+        return -np.sum(w[off] * np.log(e[off]) + (1 - w[off]) * np.log(1 - e[off]))
+
+    r = np.full(n, anchor_rating)
+    r[free] = optimize.minimize(nll, np.full(n - 1, anchor_rating), method="BFGS").x
+    return r
+
+
+# ---- the paper's setting and the notebook's simulation summaries ------------------------------------
+
+def paper_setting() -> dict:
+    """Fig. 2's setting from data/paper/elo_evolve_temperature.csv: opponent names and ratings, the policy's
+    start rating, K and the batch size."""
+    from . import paper
+
+    t = paper.table("elo_evolve_temperature")
+    opp = t[t["quantity"] == "opponent_rating"]
+    return {"names": opp["opponent"].tolist(), "pool": opp["value"].astype(float).tolist(),
+            "start": paper.value("elo_evolve_temperature", quantity="start_rating"),
+            "k": paper.value("elo_evolve_temperature", quantity="k_factor"),
+            "batch": int(paper.value("elo_evolve_temperature", quantity="batch_size"))}
+
+
+def paper_values(quantity: str, temperature=None) -> list:
+    """The paper's numbers of one quantity of Fig. 2 (e.g. 'start_prob', 'final_elo'), optionally at one T,
+    in the table's (opponent) order."""
+    from . import paper
+
+    t = paper.table("elo_evolve_temperature")
+    t = t[t["quantity"] == quantity]
+    if temperature is not None:
+        t = t[t["temperature"] == float(temperature)]
+    if t.empty:
+        raise ValueError(f"quantity={quantity!r} at temperature={temperature!r} is not in elo_evolve_temperature")
+    return t["value"].astype(float).tolist()
+
+
+def plot_sampling(pool, names, temperature: float = 200.0, rating: float = None, show: bool = True):
+    """Bar chart of the sampling probabilities at one temperature and policy rating (default: the weakest
+    opponent's rating minus 50); the notebook's sliders redraw it. Shown (returns None) or returned."""
+    import matplotlib.pyplot as plt
+
+    rating = float(min(pool)) - 50 if rating is None else rating
+    fig, ax = plt.subplots(figsize=(4, 2.5))
+    ax.bar(names, sampling_probs(rating, pool, temperature))
+    ax.set_ylim(0, 1)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_title(f"T = {temperature:g}, R = {rating:g}")
+    if show:
+        plt.show()
+        return None
+    return fig
+
+
+def simulate_seeds(temperature: float, n: int, seed: int = 0, **kw) -> list:
+    """n runs of simulate() at one temperature, run i seeded with config.derive_seed(seed, 'elo-sim', i)
+    (the same seeds at every temperature and setting, so runs compare pairwise)."""
+    config.check_int("n", n)
+    return [simulate(temperature, seed=config.derive_seed(seed, "elo-sim", i), **kw) for i in range(n)]
+
+
+def summarize(sims: list, window: int) -> dict:
+    """Per-temperature summary of simulated runs: mean final Elo with a bootstrap 95% interval over seeds,
+    mean final skill, the largest change of any probability within `window` steps (abrupt switches vs smooth
+    drift) and the range of all probabilities over the run."""
+    from . import stats
+
+    final = np.array([s["rating"][-1] for s in sims])
+    est, lo, hi = stats.bootstrap(np.mean, final) if len(final) > 1 else (float(final[0]),) * 3
+    probs = np.stack([s["probs"] for s in sims])
+    return {"final_elo_mean": est, "final_elo_ci95": [lo, hi],
+            "final_skill_mean": float(np.mean([s["skill"][-1] for s in sims])),
+            "max_window_change": float(np.max(np.abs(probs[:, window:] - probs[:, :-window]))),
+            "prob_range": [float(probs.min()), float(probs.max())]}
+
+
+def degradation_summary(sims: list, degrade_step: int, before: int = 100) -> dict:
+    """Skill gained per step in the `before` steps up to degrade_step and from it to the end, their ratio
+    (learning rate after / before), and the final skill and rating; means over seeds."""
+    sk, rt = np.stack([s["skill"] for s in sims]), np.stack([s["rating"] for s in sims])
+    steps = sk.shape[1]
+    if not 1 <= degrade_step < steps:
+        raise ValueError(f"degrade_step={degrade_step} is not allowed; it must lie in [1, {steps - 1}]")
+    b = (sk[:, degrade_step - 1] - sk[:, max(degrade_step - before, 0)]) / max(min(before, degrade_step - 1), 1)
+    a = (sk[:, -1] - sk[:, degrade_step]) / max(steps - 1 - degrade_step, 1)
+    return {"skill_gain_per_step_before": float(b.mean()), "skill_gain_per_step_after": float(a.mean()),
+            "relative_rate_after": float(a.mean() / b.mean()) if b.mean() else float("nan"),
+            "final_skill": float(sk[:, -1].mean()), "final_rating": float(rt[:, -1].mean())}
+
+
+def temperature_sweep(temperatures, n: int, seed: int, degrade_step: int, degrade_to: float, **kw):
+    """Final Elo, final skill, final skill when the strongest opponent degrades, and the share of groups
+    with mixed outcomes, per temperature (means over n seeds): a DataFrame."""
+    import pandas as pd
+
+    rows = []
+    for T in temperatures:
+        plain = simulate_seeds(T, n, seed, **kw)
+        deg = simulate_seeds(T, n, seed, degrade_step=degrade_step, degrade_to=degrade_to, **kw)
+        rows.append({"T": T, "final_elo": float(np.mean([s["rating"][-1] for s in plain])),
+                     "final_skill": float(np.mean([s["skill"][-1] for s in plain])),
+                     "final_skill_degraded": float(np.mean([s["skill"][-1] for s in deg])),
+                     "mixed_share": float(np.mean([s["mixed"].mean() for s in plain]))})
+    return pd.DataFrame(rows)

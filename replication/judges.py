@@ -67,10 +67,19 @@ def pairwise(model, tok, questions, better, worse, k: int = 5, seed: int = 0, ba
                          "p_says_a_second": p[n:]})
 
 
-def parse_score(text: str):
-    """The first digit 1-5 in a generated judgment, or None."""
+def parse_rating(text: str):
+    """The first digit 1-5 in a generated absolute judgment (a rating), or None."""
     m = re.search(r"\b([1-5])\b", text or "")
     return int(m.group(1)) if m else None
+
+
+def position_bias(verdicts: pd.DataFrame) -> dict:
+    """How much the pairwise judge favours a position, from `pairwise`'s table: P(it says A) over both orders
+    (0.5 = no bias), and P(the better response wins) when it is shown first and when second."""
+    p_says_a = float(np.mean(np.r_[verdicts["p_says_a_first"], verdicts["p_says_a_second"]]))
+    return {"p_says_a": p_says_a, "bias": p_says_a - 0.5,
+            "p_better_when_first": float(verdicts["p_better_first"].mean()),
+            "p_better_when_second": float(verdicts["p_better_second"].mean())}
 
 
 def parse_choice(text: str):

@@ -12,15 +12,16 @@ the solver is asked to end with "The answer is N." and its format is that phrase
 """
 import random
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import pandas as pd
 import torch
 
-from . import config, grpo, models, stats, tasks, training
+from . import config, grpo, loop, models, paper, stats, tasks, training
 
 QUALITY_THRESHOLD = 0.7
+AGREEMENT_CUT = 1 / 3  # normalised score of a raw 4 of 10: the rubric's line between a wrong and a correct answer
 QUESTION_PREFILL = "<question>"
 EXAMPLE = "Tom has 5 pencils. Tom gets 2 more pencils. How many pencils does Tom have now?"
 PROPOSE_SCRATCH = ("You write math word problems. Write one new problem with a single number as its answer, inside "
@@ -94,9 +95,7 @@ def extract_question(completion: str, strict: bool = False):
 def proposer_reward(quality: float, difficulty: float, formatted: bool, valid: bool = True,
                     threshold: float = QUALITY_THRESHOLD) -> float:
     """(quality + difficulty + format) / 3; no difficulty term below the threshold; 0 without a question."""
-    if not valid:
-        return 0.0
-    return (quality + (difficulty if quality >= threshold else 0.0) + float(formatted)) / 3
+    return (quality + (difficulty if quality >= threshold else 0.0) + float(formatted)) / 3 if valid else 0.0
 
 
 def difficulty(solver_scores) -> float:
@@ -124,18 +123,13 @@ def role_advantages(rewards, masks, roles) -> list:
     T = max(m.shape[1] for m in masks)
     pad = lambda m: torch.nn.functional.pad(m.float(), (0, T - m.shape[1]))  # noqa: E731
     labels = [r for r, m in zip(roles, masks) for _ in range(len(m))]
-    adv = grpo.reinforce_pp_advantages(torch.cat([torch.as_tensor(r, dtype=torch.float32) for r in rewards]),
-                                       torch.cat([pad(m) for m in masks]), labels)
     flat = torch.cat([torch.as_tensor(r, dtype=torch.float32) for r in rewards])
+    adv = grpo.reinforce_pp_advantages(flat, torch.cat([pad(m) for m in masks]), labels)
     for role in set(labels):  # a role with equal rewards has zero advantage (exactly, not up to rounding)
         idx = torch.tensor([j for j, x in enumerate(labels) if x == role])
         if torch.all(flat[idx] == flat[idx[0]]):
             adv[idx] = 0.0
-    out, i = [], 0
-    for m in masks:
-        out.append(adv[i:i + len(m), :m.shape[1]])
-        i += len(m)
-    return out
+    return [a[:, :m.shape[1]] for a, m in zip(torch.split(adv, [len(m) for m in masks]), masks)]
 
 
 @dataclass
@@ -159,15 +153,20 @@ class MAEConfig:
     strict_tags: bool = False
     seed: int = 0
 
+    @classmethod
+    def from_params(cls, params, **changes) -> "MAEConfig":
+        """The loop settings from a notebook's parameters (fields of the same name), with changes."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{**{k: v for k, v in vars(params).items() if k in names}, **changes}).validate()
+
     def validate(self) -> "MAEConfig":
-        for name in ("iterations", "proposals", "n_solve", "question_tokens", "answer_tokens", "judge_tokens", "lora_r"):
+        for name in ("iterations", "proposals", "n_solve", "pool_solve", "question_tokens", "answer_tokens",
+                     "judge_tokens", "lora_r"):
             config.check_int(name, getattr(self, name))
-        config.check_int("pool_solve", self.pool_solve)
         config.check_int("seed", self.seed, minimum=0)
-        config.check_range("reference_ratio", self.reference_ratio, 0.0, 1.0)
-        config.check_range("quality_threshold", self.quality_threshold, 0.0, 1.0)
-        config.check_range("temperature", self.temperature, 1e-6, 10.0)
-        config.check_range("lr", self.lr, 0.0, 1.0)
+        for name, low, high in (("reference_ratio", 0.0, 1.0), ("quality_threshold", 0.0, 1.0),
+                                ("temperature", 1e-6, 10.0), ("lr", 0.0, 1.0)):
+            config.check_range(name, getattr(self, name), low, high)
         return self
 
 
@@ -211,8 +210,8 @@ def _generate(model, tok, prompts, max_new_tokens, temperature, prefill=""):
 
 def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int, timer=None) -> dict:
     """One loop step: propose, judge questions, filter into the pool, solve, judge answers, one joint update."""
-    torch.manual_seed(cfg.seed * 1_000_003 + it)
-    rng = random.Random(f"{cfg.seed}-{it}")
+    torch.manual_seed(config.derive_seed(cfg.seed, "mae-step", it))
+    rng = random.Random(config.derive_seed(cfg.seed, "mae-pool", it))
     timer = timer or training.Timer()
     model.eval()
     with timer("generation"):
@@ -257,8 +256,8 @@ def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int
            "no_question": cfg.proposals - len(valid), "proposer_reward": mean(p_rewards),
            "proposer_quality": mean(list(quality.values())), "proposer_difficulty": mean(list(diff.values())),
            "proposer_format": mean([q[1] for q in parsed]), "solver_reward": mean(s_rewards),
-           "solver_judge": mean(a_scores), "solver_format": mean(s_format), "judge_format": mean([judge_reward(t) for t in judged]),
-           "judge_fallback": mean([s == "fallback" for s in sources]), "judge_unparsed": mean([s == "none" for s in sources]),
+           "solver_judge": mean(a_scores), "solver_format": mean(s_format), "judgments": len(judged),
+           "judge_format": mean([judge_reward(t) for t in judged]), "judge_fallback": mean([s == "fallback" for s in sources]), "judge_unparsed": mean([s == "none" for s in sources]),
            "seed_accuracy": mean([v["correct"] for v in verified]), **update,
            **{f"{k}_s": v for k, v in timer.seconds.items()}}
     return {"row": row, "proposals": proposals, "verified": verified}
@@ -286,53 +285,57 @@ def joint_update(model, optimizer, chunks, cfg: MAEConfig) -> dict:
     return {"loss": loss_sum, "grad_norm": norm, "tokens": int(total)}
 
 
-def run_loop(model, tok, seeds, cfg: MAEConfig, folder: "training.RunFolder" = None, progress: bool = True) -> dict:
-    """cfg.iterations loop steps on the active adapter from a seed pool; resumes from and caches in folder."""
-    from tqdm.auto import tqdm
-
-    cfg.validate()
-    optimizer = torch.optim.AdamW(list(training.trainable(model).values()), lr=cfg.lr, weight_decay=0.0)
-    state = {"rows": [], "proposals": [], "verified": [], "pool": QuestionPool.from_problems(seeds).items}
-    if folder is not None:
-        restored = folder.restore(model, optimizer)
-        state = restored["extra"] or state
-        if folder.done:
-            return state
-    pool = QuestionPool(state["pool"])
-    for it in tqdm(range(len(state["rows"]), cfg.iterations), desc="mae", disable=not progress):
+def make_step(model, tok, optimizer, cfg: MAEConfig):
+    """The loop's step function for `loop.run`: one iteration on the question pool, the proposals and the
+    verified answers kept in the loop state (checkpointed with the weights); returns the iteration's row."""
+    def step(it: int, state: dict) -> dict:
+        pool = QuestionPool(state["pool"])
         out = iteration(model, tok, optimizer, pool, cfg, it)
-        state["rows"].append(out["row"])
-        state["proposals"] += out["proposals"]
-        state["verified"] += out["verified"]
         state["pool"] = pool.items
-        if folder is not None:
-            old = folder.latest()
-            folder.save(it + 1, model, optimizer, extra=state)
-            if old is not None and old != folder.latest():
-                old.unlink()
-    if folder is not None:
-        folder.mark_done({"iterations": cfg.iterations, "config": asdict(cfg)})
-    return state
+        state["proposals"] = state["proposals"] + out["proposals"]
+        state["verified"] = state["verified"] + out["verified"]
+        return out["row"]
+    return step
 
 
-def run_arm(model, tok, name: str, seeds, cfg: MAEConfig, cache_dir, key=None, progress: bool = True):
-    """Train a fresh adapter `name` with the loop, cached under cache_dir keyed by the config: (model, state)."""
+def run_loop(model, tok, seeds, cfg: MAEConfig, folder: "loop.RunFolder" = None, progress: bool = True) -> dict:
+    """cfg.iterations steps on the active adapter from a seed pool, on the resumable loop (one checkpoint kept).
+    Returns {"rows": per-iteration rows, "pool", "proposals", "verified"}; a finished run is read back."""
+    cfg.validate()
+    optimizer = torch.optim.AdamW(list(loop.trainable(model).values()), lr=cfg.lr, weight_decay=0.0)
+    state = {"pool": QuestionPool.from_problems(seeds).items, "proposals": [], "verified": []}
+    rows, state = loop.run(make_step(model, tok, optimizer, cfg), cfg.iterations, model, optimizer, folder, state,
+                           save_every=1, keep=1, desc="mae", summary={"config": asdict(cfg)}, progress=progress,
+                           postfix=lambda r: {"pool": r["pool_size"], "solver": f"{r['solver_reward']:.2f}"})
+    return {"rows": rows, **state}
+
+
+def run_key(model_name: str, seeds, cfg: MAEConfig) -> dict:
+    """What identifies one arm's run: the model, the seed questions and the loop settings."""
+    return {"model": model_name, "seeds": [p.id for p in seeds], **asdict(cfg)}
+
+
+def run_arm(model, tok, name: str, seeds, cfg: MAEConfig, folder: "loop.RunFolder" = None, progress: bool = True):
+    """Train a fresh adapter `name` with the loop in `folder` (e.g. run.run_folder(name, run_key(...))): (model, result)."""
     model = new_adapter(model, name, cfg)
-    folder = training.RunFolder.keyed(cache_dir, f"loop-{name}", {**(key or {}), "seeds": [p.id for p in seeds], **asdict(cfg)})
     return model, run_loop(model, tok, seeds, cfg, folder, progress)
 
 
-def solve_eval(model, tok, problems, max_new_tokens: int = 48, batch_size: int = 16, seed: int = 0) -> pd.DataFrame:
-    """Greedy solver replies to held-out problems (solver prompt), checked by the exact verifier."""
-    gen = models.generate(model, tok, [SOLVE.format(question=p.question) for p in problems], max_new_tokens=max_new_tokens,
-                          seed=seed, batch_size=batch_size)
-    return pd.DataFrame([{"id": p.id, "question": p.question, "answer": p.answer, "reply": t,
-                          "correct": tasks.verify(t, p.answer), "correct_strict": tasks.verify(t, p.answer, strict=True),
-                          "format": tasks.has_format(t)} for p, t in zip(problems, gen.texts)])
+def solve_prompts(problems) -> list:
+    """The loop's solver prompt for each problem (for tasks.evaluate(..., prompts=...))."""
+    return [SOLVE.format(question=p.question) for p in problems]
+
+
+def heldout_after(model, tok, adapter: str, problems, cache, key, max_new_tokens: int, batch_size: int, seed: int = 0):
+    """The trained solver `adapter` on held-out problems (greedy, solver prompt, exact verifier), made once per
+    key by cache(name, key, make) (e.g. run.cached). Leaves `adapter` active."""
+    model.set_adapter(adapter)
+    return cache(f"heldout-{adapter}", key, lambda: tasks.evaluate(
+        model, tok, problems, max_new_tokens, batch_size, seed, prompts=solve_prompts(problems), progress=False))
 
 
 def judge_eval(model, tok, frame: pd.DataFrame, max_new_tokens: int = 40, batch_size: int = 16, seed: int = 0) -> pd.DataFrame:
-    """The judge (sampled as in training) scores each (question, reply) of a solve_eval frame."""
+    """The judge (sampled as in training) scores each (question, reply) of a held-out answer frame."""
     prompts = [JUDGE_ANSWER.format(question=q, answer=a) for q, a in zip(frame["question"], frame["reply"])]
     gen = models.generate(model, tok, prompts, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed, batch_size=batch_size)
     raw = [read_score(t) for t in gen.texts]
@@ -340,35 +343,51 @@ def judge_eval(model, tok, frame: pd.DataFrame, max_new_tokens: int = 40, batch_
                         score=[normalise(r[0]) for r in raw])
 
 
-def agreement(scores, correct, cut: float = 1 / 3) -> dict:
-    """How well judge scores track the verifier: agreement of (score >= cut, i.e. raw >= 4) with correctness
-    and its Wilson CI, the majority-class baseline, and the AUC (Mann-Whitney U / n1 n0)."""
-    from scipy.stats import mannwhitneyu
+# ---- summaries for the notebook ------------------------------------------------------------------------
 
-    s, c = np.asarray(scores, float), np.asarray(correct, bool)
-    k = int(np.sum((s >= cut) == c))
-    p, lo, hi = stats.proportion_ci(k, len(s))
-    auc = float(mannwhitneyu(s[c], s[~c]).statistic / (c.sum() * (~c).sum())) if 0 < c.sum() < len(c) else float("nan")
-    return {"n": len(s), "agreement": p, "ci95": [lo, hi], "majority_baseline": float(max(c.mean(), 1 - c.mean())),
-            "says_correct_rate": float(np.mean(s >= cut)), "auc": auc}
+def accuracy(frame: pd.DataFrame) -> dict:
+    """Held-out accuracy of a frame of verified replies: accuracy with its Wilson 95% interval, n, format rate."""
+    p, lo, hi = stats.proportion_ci(int(frame["correct"].sum()), len(frame))
+    return {"accuracy": p, "ci95": [lo, hi], "n": len(frame), "format": float(frame["format"].mean())}
 
 
-def paired_change(before, after) -> dict:
-    """Exact McNemar test on paired 0/1 outcomes (binomial test on the discordant pairs)."""
-    from scipy.stats import binomtest
-
-    b, a = np.asarray(before, bool), np.asarray(after, bool)
-    gained, lost = int(np.sum(~b & a)), int(np.sum(b & ~a))
-    p = binomtest(gained, gained + lost, 0.5).pvalue if gained + lost else 1.0
-    return {"gained": gained, "lost": lost, "change": float(a.mean() - b.mean()), "p_value": float(p)}
+def fmt_accuracy(v: dict) -> str:
+    """'62.5% [30.6, 86.3]' from an accuracy() dict."""
+    return f"{100 * v['accuracy']:.1f}% [{100 * v['ci95'][0]:.1f}, {100 * v['ci95'][1]:.1f}]"
 
 
-def cached_frame(path, make) -> pd.DataFrame:
-    """A DataFrame cached as JSON records at path (written atomically), made by make() when absent."""
-    from . import files
+def pool_summary(rows: pd.DataFrame, n_seeds: int) -> dict:
+    """Pool size at the start and end of a run and what happened to its proposals."""
+    return {"initial": n_seeds, "final": int(rows["pool_size"].iloc[-1]), "accepted": int(rows["accepted"].sum()),
+            "filtered": int(rows["filtered"].sum()), "no_question": int(rows["no_question"].sum())}
 
-    if path.is_file():
-        return pd.DataFrame(files.read_json(path))
-    frame = make()
-    files.write_json(path, frame.to_dict("records"))
-    return frame
+
+def arm_summary(result: dict, frame, before: pd.DataFrame, iterations: int) -> dict:
+    """One arm over its first `iterations` iterations: pool, accepted quality, mean rewards, and (if held-out
+    answers `frame` exist) its accuracy and the exact McNemar test against the base solver `before`."""
+    r = pd.DataFrame(result["rows"]).iloc[:iterations]
+    props = pd.DataFrame(result["proposals"])
+    quality = props[(props["iteration"] < iterations) & props["accepted"].astype(bool)]["quality"]
+    out = {"iterations": len(r), "pool_final": int(r["pool_size"].iloc[-1]), "accepted": int(r["accepted"].sum()),
+           "filtered": int(r["filtered"].sum()), "mean_quality_accepted": float(quality.mean()) if len(quality) else None,
+           **{k: float(r[k].mean()) for k in ("proposer_reward", "proposer_difficulty", "solver_reward", "judge_format")},
+           "solver_accuracy_after": accuracy(frame) if frame is not None else None}
+    if frame is not None:
+        out["paired_change_vs_before"] = stats.mcnemar(before["correct"], frame["correct"])
+    return out
+
+
+def settings_table(cfg: MAEConfig) -> pd.DataFrame:
+    """The authors' settings (data/paper/mae_settings.csv) beside this run's."""
+    ours = {"quality_threshold": cfg.quality_threshold, "n_solve": cfg.n_solve, "reference_ratio": cfg.reference_ratio,
+            "batch_per_role": f"{cfg.proposals} proposals, <= {(cfg.proposals + cfg.pool_solve) * cfg.n_solve} answers",
+            "lr": f"{cfg.lr} (LoRA r={cfg.lora_r})", "kl_coef": 0.0, "temperature": cfg.temperature, "steps": cfg.iterations}
+    table = paper.table("mae_settings").set_index("quantity")
+    return table.assign(ours=pd.Series(ours)).loc[list(ours), ["value", "ours", "meaning", "source"]]
+
+
+def paper_table() -> pd.DataFrame:
+    """The paper's Table 1 (data/paper/mae_results.csv) as setting x model by benchmark."""
+    results = paper.table("mae_results")
+    return results.pivot_table(index=["setting", "model"], columns="benchmark", values="value", sort=False)[
+        list(dict.fromkeys(results["benchmark"]))]

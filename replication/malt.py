@@ -1,25 +1,27 @@
-"""MALT: generator -> verifier -> refiner chains, trajectory trees, value iteration, role-wise SFT then DPO."""
+"""MALT: generator -> verifier -> refiner chains, trajectory trees, value iteration, role-wise SFT then DPO,
+and the held-out protocol of notebook 05 (variants, accuracies, paired differences, answer changes)."""
 from collections import Counter
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
 
-from . import config, dpo, models, tasks, training
+from . import config, dpo, models, stats, tasks
 
 ROLES = ("generator", "verifier", "refiner")
 POOLINGS = ("global", "local")
 REFERENCES = ("sft", "base")
+THRESHOLD = 0.5   # a node is positive when its value is strictly above this (the paper's V > 0.5)
 
 
 # Short replies keep trees affordable on a CPU: in a probe (with "sum" for "calculation") the 135M model was about
 # as accurate with this instruction as with the task's default one, at half the reply length (notebook 05's notes).
-INSTRUCTION = "Write the calculation in one short sentence, then end your reply with: The answer is <number>."
+GENERATOR_INSTRUCTION = "Write the calculation in one short sentence, then end your reply with: The answer is <number>."
 
 
 def generator_prompt(question: str) -> str:
     """G(q): the question with a short-answer instruction."""
-    return f"{question}\n{INSTRUCTION}"
+    return f"{question}\n{GENERATOR_INSTRUCTION}"
 
 
 def verifier_prompt(question: str, g: str) -> str:
@@ -54,6 +56,11 @@ def use_role(model, role):
             yield model
 
 
+def role_seed(seed: int, *parts) -> int:
+    """config.derive_seed(seed, *parts) cut to 32 bits: models.generate scales its seed per batch."""
+    return config.derive_seed(seed, *parts) % 2**32
+
+
 def _generate(model, tok, prompts, role, max_new_tokens, temperature, seed, batch_size, repeats=1):
     with use_role(model, role):
         return models.generate(model, tok, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -69,11 +76,11 @@ def sample_trees(model, tok, problems, n=3, tokens=(48, 32, 48), temperature=0.7
     role = (lambda r: r) if trained else (lambda r: None)
     Q, qs = len(problems), [p.question for p in problems]
     g = _generate(model, tok, [generator_prompt(q) for q in qs], role("generator"),
-                  tokens[0], temperature, seed, batch_size, n)                   # index q*n + j
-    v = _generate(model, tok, [verifier_prompt(qs[i // n], g[i]) for i in range(Q * n)],
-                  role("verifier"), tokens[1], temperature, seed + 1, batch_size, n)  # (q*n + j)*n + k
+                  tokens[0], temperature, role_seed(seed, "tree", "generator"), batch_size, n)      # q*n + j
+    v = _generate(model, tok, [verifier_prompt(qs[i // n], g[i]) for i in range(Q * n)], role("verifier"),
+                  tokens[1], temperature, role_seed(seed, "tree", "verifier"), batch_size, n)       # (q*n + j)*n + k
     r = _generate(model, tok, [refiner_prompt(qs[i // n**2], g[i // n], v[i]) for i in range(Q * n * n)],
-                  role("refiner"), tokens[2], temperature, seed + 2, batch_size, n)
+                  role("refiner"), tokens[2], temperature, role_seed(seed, "tree", "refiner"), batch_size, n)
     reward = [int(tasks.verify(t, problems[i // n**3].answer)) for i, t in enumerate(r)]
     return {"n": n, "questions": qs, "answers": [p.answer for p in problems], "g": g, "v": v, "r": r,
             "reward": reward}
@@ -81,8 +88,7 @@ def sample_trees(model, tok, problems, n=3, tokens=(48, 32, 48), temperature=0.7
 
 def rewards(tree) -> np.ndarray:
     """Leaf rewards as an array of shape (Q, n, n, n)."""
-    n = tree["n"]
-    return np.asarray(tree["reward"], dtype=float).reshape(-1, n, n, n)
+    return np.asarray(tree["reward"], dtype=float).reshape(-1, *(tree["n"],) * 3)
 
 
 def value_iteration(reward):
@@ -94,7 +100,7 @@ def value_iteration(reward):
     return v_v.mean(-1), v_v, v_r
 
 
-def binarise(values, threshold: float = 0.5) -> np.ndarray:
+def binarise(values, threshold: float = THRESHOLD) -> np.ndarray:
     """Positive when the value is strictly above the threshold (the paper's V > 0.5)."""
     return np.asarray(values) > threshold
 
@@ -104,9 +110,9 @@ def labels(reward, pooling: str = "global"):
     config.check_choice("pooling", pooling, POOLINGS)
     v_g, v_v, v_r = value_iteration(reward)
     if pooling == "global":
-        return binarise(v_g), binarise(v_v), v_r > 0.5
+        return binarise(v_g), binarise(v_v), binarise(v_r)
     lab_v = binarise(v_v)                       # the children of a verifier node are leaves: same as global
-    return binarise(lab_v.mean(-1)), lab_v, v_r > 0.5
+    return binarise(lab_v.mean(-1)), lab_v, binarise(v_r)
 
 
 def pooling_agreement(reward) -> dict:
@@ -198,11 +204,23 @@ def train_role(model, tok, role, sft, pairs, sft_cfg, dpo_cfg, reference="sft", 
     if stage in ("sft", "both") and sft:
         logs["sft"] = dpo.train_sft(model, tok, sft, sft_cfg, adapter_name=role, progress=False)
     if stage in ("dpo", "both") and pairs:
-        if reference == "sft":
-            logs["dpo"] = train_dpo_sft_reference(model, tok, pairs, dpo_cfg, role)
-        else:
-            logs["dpo"] = dpo.train_dpo(model, tok, pairs, dpo_cfg, adapter_name=role, progress=False)
+        logs["dpo"] = (train_dpo_sft_reference(model, tok, pairs, dpo_cfg, role) if reference == "sft" else
+                       dpo.train_dpo(model, tok, pairs, dpo_cfg, adapter_name=role, progress=False))
     return logs
+
+
+def train_stage(model, tok, sft_sets, pair_sets, sft_cfg, dpo_cfg, reference="sft", stage="both") -> dict:
+    """One stage ('sft', 'dpo' or 'both') for every role, each on its own adapter (train_role). Returns
+    {"weights": role -> adapter state, "logs": role -> {"sft": rows, "dpo": rows}}: a value run.cached stores."""
+    logs = {r: train_role(model, tok, r, sft_sets[r], pair_sets[r], sft_cfg, dpo_cfg, reference, stage) for r in ROLES}
+    return {"weights": {r: adapter_state(model, r) for r in ROLES}, "logs": logs}
+
+
+def load_stage(model, trained: dict) -> None:
+    """Put the adapter weights of a train_stage result (fresh or cached) back into every role; values may
+    also be nested lists (a first run.cached call can hand a dict back as its JSON round trip)."""
+    for role in ROLES:
+        load_adapter_state(model, role, {k: torch.as_tensor(v) for k, v in trained["weights"][role].items()})
 
 
 def majority_vote(answers):
@@ -211,8 +229,7 @@ def majority_vote(answers):
     if not votes:
         return None
     counts = Counter(votes)
-    top = max(counts.values())
-    return next(a for a in votes if counts[a] == top)
+    return next(a for a in votes if counts[a] == max(counts.values()))
 
 
 def run_chains(model, tok, problems, k=1, trained=False, tokens=(48, 32, 48), temperature=0.7, seed=0,
@@ -227,15 +244,15 @@ def run_chains(model, tok, problems, k=1, trained=False, tokens=(48, 32, 48), te
     qs = [problems[i].question for i, _ in items]
     if g is None:
         g = _generate(model, tok, [generator_prompt(p.question) for p in problems], role("generator"), tokens[0],
-                      temperature, seed, batch_size, k)
+                      temperature, role_seed(seed, "chains", "generator"), batch_size, k)
     elif len(g) != len(items):
         raise ValueError(f"g has {len(g)} replies; give one per chain ({len(problems)} problems x k = {k})")
     v = r = [None] * len(items)
     if not generator_only:
         v = _generate(model, tok, [verifier_prompt(q, x) for q, x in zip(qs, g)], role("verifier"), tokens[1],
-                      temperature, seed + 1, batch_size)
+                      temperature, role_seed(seed, "chains", "verifier"), batch_size)
         r = _generate(model, tok, [refiner_prompt(q, x, y) for q, x, y in zip(qs, g, v)], role("refiner"),
-                      tokens[2], temperature, seed + 2, batch_size)
+                      tokens[2], temperature, role_seed(seed, "chains", "refiner"), batch_size)
     rows = []
     for (i, c), x, y, z in zip(items, g, v, r):
         truth, final = problems[i].answer, (x if generator_only else z)
@@ -276,34 +293,79 @@ def reply_stats(rows) -> dict:
             "kept_generator_answer": sum(r["final_answer"] == r["g_answer"] for r in rows) / n,
             "mean_chars": sum(len(x) for x in final) / n}
 
-def paired_diff_ci(a, b, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> tuple:
-    """(mean(a) - mean(b), low, high): percentile bootstrap over questions for paired 0/1 outcomes."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.shape != b.shape or a.ndim != 1 or not len(a):
-        raise ValueError("a and b must be equally long, non-empty 1-d sequences of per-question outcomes")
-    idx = np.random.default_rng(seed).integers(0, len(a), size=(n_boot, len(a)))
-    diffs = a[idx].mean(1) - b[idx].mean(1)
-    return float(a.mean() - b.mean()), float(np.quantile(diffs, alpha / 2)), float(np.quantile(diffs, 1 - alpha / 2))
+
+# ---- notebook 05's held-out protocol -------------------------------------------------------------------
+
+def variant_chains(cache, key: dict, name: str, model, tok, problems, **kw) -> list:
+    """run_chains(model, tok, problems, **kw) for one named variant, made once through
+    cache(name, key, make) (run.cached's signature); its key is `key` plus the variant's settings."""
+    return cache(f"eval-{name}", {**key, "variant": name, **{k: v for k, v in kw.items() if k != "g"}},
+                 lambda: run_chains(model, tok, problems, **kw))
 
 
-def cached(base, name: str, key: dict, fn, kind: str = "json"):
-    """fn() computed once per key under base/<name>-<hash>/ (JSON or torch), reloaded afterwards."""
-    from . import files
+def per_question(rows, vote: bool = False) -> np.ndarray:
+    """One 0/1 outcome per question, in question order: its first chain's, or the majority vote of its chains."""
+    if not vote:
+        return np.array([float(r["correct"]) for r in sorted(rows, key=lambda r: r["question"]) if r["chain"] == 0])
+    return np.array([float(vote_accuracy([r for r in rows if r["question"] == q])[0])
+                     for q in sorted({r["question"] for r in rows})])
 
-    config.check_choice("kind", kind, ("json", "torch"))
-    folder = training.RunFolder.keyed(base, name, key)
-    path = folder.path / f"result.{'json' if kind == 'json' else 'pt'}"
-    if folder.done and path.is_file():
-        return files.read_json(path) if kind == "json" else torch.load(path, weights_only=False)
-    out = fn()
-    if kind == "json":
-        files.write_json(path, out)
-    else:
-        tmp = path.with_suffix(".tmp")
-        torch.save(out, tmp)
-        tmp.replace(path)
-    folder.mark_done({"file": path.name})
+
+def accuracy_summary(rows: dict, votes: int) -> dict:
+    """Held-out accuracy of each variant of rows (variant -> chains), single chain or vote, with n and a
+    Wilson 95% interval (stats.proportion_ci)."""
+    spec = {"base generator (greedy)": ("base_greedy", False), "base generator": ("base", False),
+            f"base generator, vote of {votes}": ("base", True), "untrained G-V-R": ("untrained", False),
+            "after SFT": ("sft", False), "after SFT + DPO (MALT)": ("dpo", False), f"MALT, vote of {votes}": ("dpo", True)}
+    out = {}
+    for label, (variant, vote) in spec.items():
+        hits = per_question(rows[variant], vote)
+        p, lo, hi = stats.proportion_ci(int(hits.sum()), len(hits))
+        out[label] = {"acc": p, "ci95": [lo, hi], "n": len(hits)}
     return out
+
+
+def paired_differences(rows: dict, votes: int, n_boot: int = 2000, seed: int = 0) -> dict:
+    """MALT against the fair baselines on the same held-out questions: per comparison the accuracy
+    difference with its paired bootstrap 95% interval over questions (stats.paired_bootstrap), n, and the
+    relative improvement in the paper's sense (MALT / base - 1)."""
+    comparisons = {f"MALT vote vs base vote ({votes})": (("dpo", True), ("base", True)),
+                   "MALT vs base generator (single)": (("dpo", False), ("base", False)),
+                   "MALT vs untrained G-V-R (single)": (("dpo", False), ("untrained", False)),
+                   "SFT + DPO vs SFT (single)": (("dpo", False), ("sft", False)),
+                   "untrained G-V-R vs base generator (single)": (("untrained", False), ("base", False))}
+    out = {}
+    for name, (a, b) in comparisons.items():
+        a, b = per_question(rows[a[0]], a[1]), per_question(rows[b[0]], b[1])
+        d, lo, hi = stats.paired_bootstrap(a, b, n_boot=n_boot, seed=seed)
+        out[name] = {"diff": d, "ci95": [lo, hi], "n": len(a),
+                     "relative": float(a.mean() / b.mean() - 1) if b.mean() > 0 else float("nan")}
+    return out
+
+
+def flip_table(rows: dict, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Per variant (variant -> chains): how the verifier and refiner change the generator's answer (flips),
+    McNemar's exact test of gained (wrong -> right) vs lost (right -> wrong) (stats.mcnemar), and the net change
+    in accuracy over all chains with a 95% interval bootstrapped over questions (their chains kept together)."""
+    out = {}
+    for name, rs in rows.items():
+        before, after = [r["g_correct"] for r in rs], [r["correct"] for r in rs]
+        test = stats.mcnemar(before, after)
+        d, lo, hi = stats.paired_bootstrap(after, before, n_boot=n_boot, seed=seed, groups=[r["question"] for r in rs])
+        out[name] = {**flips(rs), "mcnemar_p": test["p_value"], "change": d, "ci95": [lo, hi],
+                     "chains": len(rs), "questions": len({r["question"] for r in rs})}
+    return out
+
+
+def construction_holds(tree, paper_n, paper_leaves, paper_threshold) -> bool:
+    """The paper's tree arithmetic on this implementation: n samples per role give n^3 leaves per question
+    (and the paper's n^3 is its number of trajectories), the sampled tree has every node, and a node is
+    positive exactly when its value is strictly above the paper's threshold."""
+    n, q, t = tree["n"], len(tree["questions"]), float(paper_threshold)
+    sizes = [len(tree["g"]), len(tree["v"]), len(tree["r"]), len(tree["reward"])]
+    return bool(int(paper_n) ** 3 == int(paper_leaves) and sizes == [q * n, q * n**2, q * n**3, q * n**3]
+                and rewards(tree).shape == (q, n, n, n) and THRESHOLD == t
+                and binarise([t, np.nextafter(t, 1.0)]).tolist() == [False, True])
 
 
 def plot_tree(tree, q: int, ax=None):
@@ -313,8 +375,7 @@ def plot_tree(tree, q: int, ax=None):
     ax = ax or plt.gca()
     n = tree["n"]
     v_g, v_v, v_r = (x[q] for x in value_iteration(rewards(tree)))
-    leaves = n**3
-    y_r = np.arange(leaves)[::-1].reshape(n, n, n).astype(float)
+    y_r = np.arange(n**3)[::-1].reshape(n, n, n).astype(float)
     y_v, y_g = y_r.mean(-1), y_r.mean((-1, -2))
     y_q = y_g.mean()
     cmap = plt.get_cmap("RdYlGn")
@@ -332,7 +393,6 @@ def plot_tree(tree, q: int, ax=None):
             for y, v in zip(ys.ravel(), vals.ravel()):
                 ax.annotate(f"{v:.2f}", (x, y), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=7)
     ax.set_xticks([0, 1, 2, 3], ["question", "generator\nV(g)", "verifier\nV(v)", "refiner\nreward"])
-    ax.set_yticks([])
-    ax.set_xlim(-0.3, 3.3)
+    ax.set(yticks=[], xlim=(-0.3, 3.3))
     ax.grid(False)
     return ax

@@ -231,7 +231,7 @@ def generate(model, tok, prompts, max_new_tokens: int = 64, temperature: float =
     per_batch = max(1, batch_size // repeats)   # distinct prompts per batch: about batch_size rows
     starts = range(0, len(texts), per_batch)
     for b, i in enumerate(tqdm(starts, desc="generate", disable=not progress)):
-        torch.manual_seed(seed * 100_003 + b)
+        torch.manual_seed(config.derive_seed(seed, "generate", b))
         _, _, ids, mask = sample(model, tok, texts[i:i + per_batch], max_new_tokens, temperature, top_p, repeats)
         for row, m in zip(ids, mask):
             out_ids.append(row[m.bool()].tolist())

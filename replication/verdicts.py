@@ -5,7 +5,8 @@
 - ``not reproduced``: the interval excludes the paper's direction (all of it at or below no effect), or
   excludes the paper's effect size when one is given (the effect is reliably smaller than reported);
   or a recomputed number does not match; or a stated check fails.
-- ``inconclusive``: the interval holds both no effect and the paper's direction (and its effect size).
+- ``inconclusive``: the interval holds both no effect and the paper's direction (and its effect size); also a
+  zero-width interval at no effect (no item differed: a bootstrap has no spread to decide on).
 - ``partly``: a compound claim whose parts disagree; the parts are named in the row.
 - ``not tested``: not run here, with the reason.
 
@@ -31,6 +32,8 @@ def from_interval(low: float, high: float, direction: int = +1, null: float = 0.
     if math.isnan(low) or math.isnan(high) or low > high:
         raise ValueError(f"interval=[{low}, {high}] is not allowed; it needs low <= high (infinite bounds are fine)")
     lo, hi = sorted(((low - null) * direction, (high - null) * direction))
+    if lo == hi == 0:  # a zero-width interval at no effect: no item differed, so nothing to decide on
+        return "inconclusive"
     if lo > 0:
         return "reproduced"
     if hi <= 0 or (effect is not None and hi < abs(effect)):

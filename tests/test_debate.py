@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from replication import debate, debate_sim as ds
+from replication import config, debate, debate_sim as ds, elo, stats
 
 STORY = "Before the storm, Ines hid the brass key in the \u201cblue lantern\u201d. Tomas searched the cargo-bay all night!"
 
@@ -75,9 +75,69 @@ def test_judge_prompt_swaps_answers_and_debaters():
 def test_accuracy_definition():
     acc = debate.accuracy([0.9, 0.6, 0.5, 0.2])
     assert acc["accuracy"] == pytest.approx(2.5 / 4) and acc["n"] == 4
-    assert acc["se"] == pytest.approx(np.sqrt(0.625 * 0.375 / 4))
+    assert acc["ci95"] == pytest.approx(list(stats.proportion_ci(2.5, 4)[1:])), "Wilson interval from stats"
+    assert acc["mean_p_correct"] == pytest.approx(0.55)
+    assert debate.versus_chance(acc) == "consistent with chance"
+    assert debate.versus_chance(debate.accuracy([0.9] * 40)) == "above chance"
+    assert debate.fmt_accuracy(acc).startswith("62% [")
     with pytest.raises(ValueError):
         debate.accuracy([])
+
+
+def test_hits_and_question_scores():
+    assert debate.hits([0.9, 0.5, 0.1]).tolist() == [1.0, 0.5, 0.0]
+    # consultancy: two judgments per question (correct and incorrect consultant), averaged per question
+    assert debate.question_scores([0.9, 0.2, 0.7, 0.6], 2).tolist() == [0.5, 1.0]
+    table = debate.accuracy_table({"naive": debate.accuracy([0.9, 0.2]), "debate": debate.accuracy([0.9, 0.8])})
+    assert list(table.index) == ["naive", "debate"] and {"ci_low", "ci_high", "n", "vs chance"} <= set(table.columns)
+
+
+def _judgment(p):
+    p = np.asarray(p, float)
+    return {"p_correct": p, "p_correct_first": p, "p_correct_second": p, "p_says_a": np.full(len(p), 0.5)}
+
+
+def test_protocol_differences_are_paired_bootstraps_on_questions():
+    rng = np.random.default_rng(0)
+    j = {"naive": _judgment(rng.uniform(0, 1, 30)), "debate": _judgment(rng.uniform(0.3, 1, 30)),
+         "expert": _judgment(rng.uniform(0.4, 1, 30)), "consultancy": _judgment(rng.uniform(0, 1, 60))}
+    d = debate.protocol_differences(j, seed=1)
+    assert set(d) == {"debate - naive", "debate - consultancy", "expert - debate"}
+    want = stats.paired_bootstrap(debate.hits(j["debate"]["p_correct"]), debate.question_scores(j["consultancy"]["p_correct"], 2),
+                                  seed=config.derive_seed(1, "bootstrap", "debate - consultancy"))
+    assert d["debate - consultancy"] == pytest.approx(want)
+    assert all(lo <= est <= hi for est, lo, hi in d.values())
+    assert debate.protocol_differences(j, seed=1) == d, "seeded"
+    bias = debate.position_bias(j)
+    assert bias.loc["naive", "P(says A)"] == pytest.approx(0.5)
+
+
+def test_cached_protocol_goes_through_the_cache(monkeypatch):
+    calls, store = [], {}
+
+    def fake_run(model, tok, items, kind, **kw):
+        calls.append(kw)
+        return {"items": items, "transcripts": [], "arguments": [], "tokens": 0}
+
+    def cache(name, key, make):
+        if (name, str(key)) not in store:
+            store[(name, str(key))] = make()
+        return store[(name, str(key))]
+
+    monkeypatch.setattr(debate, "run_protocol", fake_run)
+    items = debate.make_stories(2, seed=0)
+    kw = dict(model_name="m", rounds=1, word_limit=5, best_of=2, temperature=0.7, seed=0, batch_size=2)
+    a = debate.cached_protocol(cache, None, None, items, "debate", **kw)
+    b = debate.cached_protocol(cache, None, None, items, "debate", **kw)
+    assert a is b and len(calls) == 1 and "seconds" in a and list(store)[0][0] == "debate-bo2"
+    debate.cached_protocol(cache, None, None, items, "debate", **{**kw, "seed": 1})
+    assert len(calls) == 2, "the seed is part of the key"
+
+
+def test_generation_seeds_are_derived_and_fit_the_generator():
+    seeds = [debate.generation_seed(0, r) for r in (1, 2, 3)] + [debate.generation_seed(1, 1)]
+    assert len(set(seeds)) == 4 and all(0 <= s < 2**32 for s in seeds)
+    assert seeds[0] == config.derive_seed(0, "debate-round", 1) % 2**32
 
 
 def test_stories_are_reproducible_and_stored():
@@ -107,6 +167,9 @@ def test_protocols_on_tiny_model(tiny):
     assert [it["side"] for it in cons["items"]] == ["correct", "distractor"] * 2
     j = debate.judge(model, tok, out["items"], "debate", out["transcripts"], batch_size=4)
     assert np.allclose(j["p_correct"], (j["p_correct_first"] + j["p_correct_second"]) / 2) and len(j["p_says_a"]) == 4
+    g = debate.generated_verdicts(model, tok, out["items"], out["transcripts"], j["p_correct_first"], seed=0, batch_size=4)
+    assert g["n"] == 2 and 0 <= g["parse_rate"] <= 1 and len(g["examples"]) == 2
+    assert (g["ci95"] is None) == (g["parse_rate"] == 0)
 
 
 def _legal(pairs, bye, n):
@@ -146,20 +209,20 @@ def test_swiss_pairing_backtracks_to_avoid_rematch():
 def test_elo_fit_recovers_known_ratings():
     true = np.array([1250.0, 1400, 1500, 1550, 1700, 1850])
     i, j = map(np.array, zip(*itertools.combinations(range(6), 2)))
-    r = ds.fit_elo(i, j, ds.elo_win_prob(true[i], true[j]), 6)
+    r = ds.fit_elo(i, j, elo.expected_score(true[i], true[j]), 6)
     assert np.allclose(r - r.mean(), true - true.mean(), atol=1.0)
     # with noisy win rates, Nelder-Mead reaches the same optimum as a gradient method
     rng = np.random.default_rng(0)
-    w = np.clip(ds.elo_win_prob(true[i], true[j]) + rng.normal(0, 0.05, len(i)), 0, 1)
+    w = np.clip(elo.expected_score(true[i], true[j]) + rng.normal(0, 0.05, len(i)), 0, 1)
     r = ds.fit_elo(i, j, w, 6)
-    ref = minimize(lambda x: np.sum((ds.elo_win_prob(x[i], x[j]) - w) ** 2), np.full(6, 1500.0), method="BFGS").x
+    ref = minimize(lambda x: np.sum((elo.expected_score(x[i], x[j]) - w) ** 2), np.full(6, 1500.0), method="BFGS").x
     assert np.allclose(r - r.mean(), ref - ref.mean(), atol=2.0)
 
 
 def test_side_elo_recovers_correct_and_incorrect_ratings():
     ec, ei = np.array([1600.0, 1700, 1550, 1800]), np.array([1400.0, 1350, 1500, 1450])
     c, k = map(np.array, zip(*[(a, b) for a in range(4) for b in range(4) if a != b]))
-    fc, fi = ds.fit_elo_sides(c, k, ds.elo_win_prob(ec[c], ei[k]), 4)
+    fc, fi = ds.fit_elo_sides(c, k, elo.expected_score(ec[c], ei[k]), 4)
     shift = np.r_[ec, ei].mean() - 1500
     assert np.allclose(fc, ec - shift, atol=2.0) and np.allclose(fi, ei - shift, atol=2.0)
 
@@ -174,3 +237,31 @@ def test_simulated_world_truth_advantage_matters():
     assert strong["win_rate"] > 0.9 and strong["accuracy"] < world.consultancy_accuracy(0.5, rng)["accuracy"]
     with pytest.raises(ValueError, match="judge_noise"):
         ds.World(judge_noise=-1)
+
+
+def test_worlds_pair_the_control_with_the_same_debaters():
+    kw = dict(n_questions=40)
+    truth = ds.worlds(2, 0, 6, 3, **kw)
+    null = ds.worlds(2, 0, 6, 3, truth_advantage=0.0, evidence_noise=0.0, **kw)
+    assert all(np.array_equal(a["skills"], b["skills"]) for a, b in zip(truth, null)), "paired world by world"
+    assert not np.array_equal(truth[0]["skills"], truth[1]["skills"]), "worlds differ"
+    assert ds.per_world(truth, "elo_spread").shape == (2,)
+    est, lo, hi = ds.world_difference(truth, null, "correct_minus_incorrect_elo", seed=0)
+    assert est == pytest.approx(np.mean(ds.per_world(truth, "correct_minus_incorrect_elo")
+                                        - ds.per_world(null, "correct_minus_incorrect_elo")))
+    assert lo <= est <= hi
+    table = ds.summary(truth, null)
+    assert "mean (no truth advantage)" in table.columns and "±" in ds.fmt_world(table, "elo_spread")
+    check = ds.swiss_check(truth)
+    assert check["swiss_matches"] < check["round_robin_matches"] and isinstance(check["holds"], bool)
+
+
+def test_judge_sweep_compares_the_same_worlds():
+    sweep = ds.judge_sweep([0.25, 1.0], 2, 0, 6, 3, n_questions=40)
+    assert len(sweep) == 4 and list(ds.judge_table(sweep).index) == [0.25, 1.0]
+    est, lo, hi = ds.judge_difference(sweep, "elo_spread", seed=0)
+    strong = sweep[sweep.judge_noise == 0.25].sort_values("world")["elo_spread"].to_numpy()
+    weak = sweep[sweep.judge_noise == 1.0].sort_values("world")["elo_spread"].to_numpy()
+    assert est == pytest.approx(np.mean(strong - weak)) and lo <= est <= hi
+    curve = ds.persuasiveness_curve([0.5, 2.0], seed=0, n_questions=40)
+    assert list(curve.columns) == ["s", "debate", "accuracy", "win_rate"] and len(curve) == 2

@@ -64,3 +64,52 @@ def test_degraded_opponent_stalls_learning_at_low_temperature():
     plain = elo.simulate(20, **kw)
     degraded = elo.simulate(20, degrade_step=150, degrade_to=1000.0, **kw)
     assert degraded["skill"][-1] < plain["skill"][-1]
+
+
+def test_fit_ratings_recovers_known_ratings():
+    true = np.array([1350.0, 1200.0, 1600.0, 1900.0])
+    wins = elo.expected_score(true[:, None], true[None, :])
+    np.testing.assert_allclose(elo.fit_ratings(wins, anchor=0, anchor_rating=1350.0), true, atol=0.5)
+    np.testing.assert_allclose(elo.fit_ratings(wins, anchor=2, anchor_rating=1600.0), true, atol=0.5)
+
+
+def test_paper_setting_reads_fig2():
+    s = elo.paper_setting()
+    assert len(s["names"]) == len(s["pool"]) == 3 and s["pool"] == sorted(s["pool"])
+    assert s["start"] < min(s["pool"]) and s["k"] > 0 and s["batch"] >= 1
+    assert len(elo.paper_values("start_prob", 200)) == 3 and len(elo.paper_values("final_elo")) == 3
+    with pytest.raises(ValueError, match="quantity"):
+        elo.paper_values("final_elo", 7)
+
+
+def test_simulate_seeds_are_derived_and_shared_across_settings():
+    a = elo.simulate_seeds(200, 2, seed=0, steps=20, batch=8)
+    b = elo.simulate_seeds(200, 2, seed=0, steps=20, batch=8)
+    assert np.array_equal(a[0]["rating"], b[0]["rating"]) and not np.array_equal(a[0]["rating"], a[1]["rating"])
+    d = elo.simulate_seeds(200, 2, seed=0, steps=20, batch=8, degrade_step=10, degrade_to=1000.0)
+    assert np.array_equal(a[0]["rating"][:10], d[0]["rating"][:10])    # the same run until the opponent degrades
+
+
+def test_summaries_of_simulated_runs():
+    sims = elo.simulate_seeds(2000, 3, seed=0, steps=60, batch=16)
+    s = elo.summarize(sims, window=3)
+    lo, hi = s["final_elo_ci95"]
+    assert lo <= s["final_elo_mean"] <= hi
+    assert s["final_elo_mean"] == pytest.approx(np.mean([x["rating"][-1] for x in sims]))
+    assert 0.25 < s["prob_range"][0] <= s["prob_range"][1] < 0.45 and 0 <= s["max_window_change"] < 0.2
+    deg = elo.degradation_summary(elo.simulate_seeds(20, 2, seed=0, steps=60, batch=16, eta=5.0, degrade_step=30,
+                                                     degrade_to=1000.0), 30, before=20)
+    assert deg["relative_rate_after"] == pytest.approx(deg["skill_gain_per_step_after"] / deg["skill_gain_per_step_before"])
+    with pytest.raises(ValueError, match="degrade_step"):
+        elo.degradation_summary(sims, 60)
+    sweep = elo.temperature_sweep([20, 2000], 2, 0, 30, 1000.0, steps=60, batch=16)
+    assert list(sweep["T"]) == [20, 2000] and {"final_elo", "final_skill", "final_skill_degraded", "mixed_share"} <= set(sweep)
+
+
+def test_plot_sampling_draws_one_bar_per_opponent():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    fig = elo.plot_sampling([1400, 1700, 2000], ["a", "b", "c"], 200.0, 1350.0, show=False)
+    heights = [p.get_height() for p in fig.axes[0].patches]
+    np.testing.assert_allclose(heights, elo.sampling_probs(1350.0, [1400, 1700, 2000], 200.0))

@@ -1,12 +1,14 @@
-"""Elo-Evolve training parts: quality judge, win/loss reward with ties and the length rule, the opponent
-cache, the rating fit, length-controlled win rate, and per-prompt opponents wired into GRPO."""
+"""Elo-Evolve training parts: quality judge, win/loss reward with ties and the length rule, the reward's
+side data, the opponent pool through the one cache, length-controlled win rate, the held-out comparisons,
+and per-prompt opponents wired into GRPO on the resumable loop."""
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from replication import elo, evolve, files, grpo, models, tasks, loop, training
+from replication import cache, elo, evolve, grpo, loop, models, stats, tasks, training
 
 GOOD, WRONG, BARE = "So 3 + 4 = 7. The answer is 7.", "The answer is 9.", "seven i think 7"
 
@@ -45,22 +47,32 @@ def test_thurstone_win_probability_and_noise():
         evolve.QualityJudge(sigma_comp=0)
 
 
-def test_fit_ratings_recovers_known_ratings():
-    true = np.array([1350.0, 1200.0, 1600.0, 1900.0])
-    wins = elo.expected_score(true[:, None], true[None, :])
-    np.testing.assert_allclose(evolve.fit_ratings(wins, anchor=0, anchor_rating=1350.0), true, atol=0.5)
-
-
 def test_lc_win_rate_removes_a_length_effect():
     rng = np.random.default_rng(0)
     d = rng.normal(0, 10, 400)                             # length difference in words
     p = 1 / (1 + np.exp(-(0.0 + 2.0 * np.tanh(d / d.std()))))   # wins driven by length only
     wins = (rng.random(400) < p).astype(float)
-    lc = evolve.lc_win_rate(wins, 20 + d, np.full(400, 20.0))
+    lc = stats.lc_win_rate(wins, 20 + d, np.full(400, 20.0))
     assert lc["length_coef"] > 1.0
     assert lc["ci95"][0] < 0.5 < lc["ci95"][1]
-    wr = evolve.win_rate(wins)
+    wr = stats.win_rate(wins)
     assert wr["ci95"][0] <= wr["win_rate"] <= wr["ci95"][1]
+
+
+def test_arena_reports_side_data_through_the_logging_callables():
+    judge = evolve.QualityJudge(sigma_comp=0.01, sigma_abs=1.0)
+    meta = [{"question": "q", "answer": 7, "opponent_response": WRONG}] * 2
+    metrics, extras = {}, {}
+    arena = evolve.Arena(judge, "static")
+    rewards = arena(["p", "p"], [GOOD, WRONG], meta, log_metric=metrics.__setitem__, log_extra=extras.__setitem__)
+    assert rewards == [1.0, 0.5] and extras == {"outcome": [1.0, 0.5]}
+    assert metrics["rollout_quality"] == 3.0 and metrics["rollout_accuracy"] == 0.5
+    assert metrics["rollout_format_rate"] == 1.0 and metrics["rollout_words"] == 7.0
+    assert not hasattr(arena, "last") and not hasattr(arena, "rollouts")
+    extras.clear()
+    scores = evolve.Arena(judge, "point")(["p", "p"], [GOOD, WRONG], meta, log_metric=metrics.__setitem__,
+                                          log_extra=extras.__setitem__)
+    assert len(scores) == 2 and extras == {}             # absolute scores: no outcomes for the Elo update
 
 
 @pytest.fixture(scope="module")
@@ -72,31 +84,84 @@ def tiny_pool_setup():
     return model, tok, problems, specs
 
 
-def test_pool_cache_is_reused_and_rebuilt_when_missing_stale_or_corrupt(tmp_path, tiny_pool_setup, monkeypatch):
+def test_pool_through_the_one_cache(tmp_path, tiny_pool_setup):
     model, tok, problems, specs = tiny_pool_setup
-    path = tmp_path / "pool.json"
-    build = lambda: evolve.cached_pool(path, model, tok, "tiny", problems, specs, 4, 0, progress=False)  # noqa: E731
-    pool, status = build()
-    assert status == "rebuilt: missing" and set(pool) == {"weak", "mid", "strong"}
+    made = []
+
+    def get(model_name="tiny"):
+        key = evolve.pool_key(model_name, problems, specs, 4, 0)
+        make = lambda: made.append(1) or evolve.build_pool(model, tok, problems, specs, 4, 0, progress=False)  # noqa: E731
+        return cache.cached(tmp_path, "evolve_pool", key, make, log=None), key
+
+    pool, key = get()
+    assert set(pool) == {"weak", "mid", "strong"} and list(pool) == ["weak", "mid", "strong"]
     assert all(len(v) == len(problems) for v in pool.values())
     for mid, strong, p in zip(pool["mid"], pool["strong"], problems):   # strong picks from mid's sample + 2
         assert evolve.quality(strong, p.answer) >= evolve.quality(mid, p.answer)
+    assert get()[0] == pool and len(made) == 1                       # reused, not rebuilt
+    value = cache.path_for(tmp_path, "evolve_pool", key) / "value.json"
+    value.write_text(json.dumps({**pool, "weak": ["tampered"] * len(problems)}))
+    assert get()[0] == pool and len(made) == 2                       # checksum failed: rebuilt
+    get("other-model")
+    assert len(made) == 3                                            # another model: another entry
+    with pytest.raises(ValueError, match="unique"):
+        evolve.build_pool(model, tok, problems, specs + specs[:1], 4, 0, progress=False)
 
-    real_build = evolve.build_pool
-    monkeypatch.setattr(evolve, "build_pool", lambda *a, **k: pytest.fail("a valid cache was rebuilt"))
-    again, status = build()
-    assert status == "ok" and again == pool
-    monkeypatch.setattr(evolve, "build_pool", real_build)
 
-    data = files.read_json(path)
-    data["pool"]["weak"][0] = "tampered"
-    path.write_text(json.dumps(data))
-    assert build()[1] == "rebuilt: contents do not match their checksum"
-    path.write_text("{not json")
-    assert build()[1].startswith("rebuilt: unreadable")
-    assert evolve.cached_pool(path, model, tok, "other-model", problems, specs, 4, 0, progress=False)[1] == \
-        "rebuilt: built for a different model, prompts or opponents"
-    assert files.read_json(path)["key"]["model"] == "other-model"
+def test_opponent_specs_end_with_the_anchor():
+    specs = evolve.opponent_specs({"weak": [1.5, 1], "strong": [0.7, 4]}, 0.8)
+    assert [s.name for s in specs] == ["weak", "strong", evolve.START_PLAYER]
+    assert specs[1].best_of == 4 and specs[-1].temperature == 0.8
+
+
+def fake_eval(p_win, words, ref_words=None):
+    n = len(p_win)
+    return pd.DataFrame({"p_win": p_win, "words": words, "ref_words": ref_words if ref_words is not None else [10] * n})
+
+
+def test_paired_comparisons_and_lc_difference():
+    rng = np.random.default_rng(0)
+    n = 60
+    evals = {"point": fake_eval(rng.uniform(0.0, 0.4, n), [10] * n), "static-a": fake_eval(rng.uniform(0.3, 0.7, n), [10] * n),
+             "static-b": fake_eval(rng.uniform(0.3, 0.7, n), [10] * n), "elo-T200": fake_eval(rng.uniform(0.6, 1.0, n), [10] * n),
+             "elo-T20": fake_eval(rng.uniform(0.4, 0.8, n), [10] * n)}
+    results = {k: {"win_rate": float(v["p_win"].mean())} for k, v in evals.items()}
+    out = evolve.paired_comparisons(evals, results, seed=0)
+    assert out["elo_best"] == "elo-T200" and out["static_runs"] == ["static-a", "static-b"] and out["n"] == n
+    for k in ("elo_minus_point", "elo_minus_static", "static_minus_point"):
+        est, lo, hi = out[k]
+        assert 0 < lo <= est <= hi
+    assert out["elo_minus_static"][0] == pytest.approx(results["elo-T200"]["win_rate"] - out["win_rates"]["static"])
+    d, lo, hi = evolve.lc_difference(evals["elo-T200"], evals["point"], n_boot=200, seed=0)
+    assert 0 < lo <= d <= hi                                        # equal lengths: the plain win-rate gap
+    assert d == pytest.approx(evals["elo-T200"]["p_win"].mean() - evals["point"]["p_win"].mean(), abs=1e-9)
+
+
+def test_rating_rise_is_the_mean_rule_sum():
+    rating, rows, opp = 1350.0, [], np.array([1300.0, 1300.0, 1500.0, 1500.0])
+    for t in range(3):
+        s = [1.0, 1.0, 0.0, 1.0]
+        rows.append({"step": t, "opponents": ["a", "b"], "outcomes": s, "expected": elo.expected_score(rating, opp).tolist()})
+        rating = elo.update(rating, s, opp, 32.0, "mean")
+    (rise, lo, hi), n = evolve.rating_rise(rows, k=32.0, n_boot=200)
+    assert rise == pytest.approx(rating - 1350.0) and n == 6 and lo <= rise <= hi
+
+
+def test_results_table_sits_beside_the_paper():
+    r = {"win_rate": 0.6, "win_rate_ci95": [0.5, 0.7], "lc_win_rate": 0.55, "lc_win_rate_ci95": [0.4, 0.7],
+         "accuracy": 0.5, "accuracy_ci95": [0.3, 0.7], "format_rate": 1.0, "mean_words": 12.0}
+    table = evolve.results_table({"base": r, "point": r, "static-weak": r, "elo-T200": r}, ["weak"])
+    at = evolve.paper_table1(500)
+    assert table.loc[3, "paper WR/LC @500"] == f"{at.loc['elo', 'alpacaeval_wr']:.2f} / {at.loc['elo', 'alpacaeval_lc']:.2f}"
+    assert table.loc[0, "win rate"] == "0.600 [0.500, 0.700]"
+
+
+def test_judge_heldout_with_given_replies():
+    problems = tasks.make_level("1d-1step-add", 4, seed=1)
+    good = [f"The answer is {p.answer}." for p in problems]
+    df, summary = evolve.judge_heldout(None, None, evolve.QualityJudge(0.01, 1.0), problems, ["no idea"] * 4, replies=good)
+    assert summary["n"] == 4 and summary["accuracy"] == 1.0 and summary["win_rate"] == pytest.approx(1.0)
+    assert list(df["p_win"]) == pytest.approx([1.0] * 4)
 
 
 class RecordingJudge(evolve.QualityJudge):
@@ -128,8 +193,18 @@ def run_regime(tmp_path, regime, steps=3, opponent=None, folder=None, temperatur
     return rows, judge, pool, problems, model
 
 
+def test_steps_log_the_rollouts_side_data_and_the_matches(tmp_path):
+    rows, *_ = run_regime(tmp_path, "elo", steps=2)
+    for r in rows:
+        assert {"rollout_quality", "rollout_accuracy", "rollout_format_rate", "rollout_words"} <= set(r)
+        assert len(r["outcomes"]) == len(r["expected"]) == 3 * 2 and r["win_rate"] == pytest.approx(np.mean(r["outcomes"]))
+        opp_r = np.repeat([dict(zip(("weak", "mid", "strong"), (1300.0, 1500.0, 1700.0)))[o] for o in r["opponents"]], 2)
+        np.testing.assert_allclose(r["expected"], elo.expected_score(r["rating_before"], opp_r))
+        assert r["rating"] == pytest.approx(elo.update(r["rating_before"], r["outcomes"], opp_r, 32.0, "mean"))
+
+
 def test_elo_regime_draws_an_opponent_per_prompt_and_updates_the_rating(tmp_path):
-    rows, judge, pool, problems, _ = run_regime(tmp_path, "elo", steps=4, temperature=50.0)
+    rows, judge, pool, problems, _ = run_regime(tmp_path, "elo", steps=4, temperature=200.0)
     assert len(rows) == 4 and len(judge.seen) == 4
     for row, seen in zip(rows, judge.seen):
         assert len(row["opponents"]) == 3
@@ -137,7 +212,7 @@ def test_elo_regime_draws_an_opponent_per_prompt_and_updates_the_rating(tmp_path
         names_seen = [b.split(" says ")[0] for b in seen]
         assert names_seen == [n for n in row["opponents"] for _ in range(2)]
         assert np.isclose(sum(row["probs"]), 1.0)
-        np.testing.assert_allclose(row["probs"], elo.sampling_probs(row["rating_before"], [1300, 1500, 1700], 50.0))
+        np.testing.assert_allclose(row["probs"], elo.sampling_probs(row["rating_before"], [1300, 1500, 1700], 200.0))
     assert rows[1]["rating_before"] == rows[0]["rating"]
     assert len({tuple(r["opponents"]) for r in rows}) > 1 or len(set(sum((r["opponents"] for r in rows), []))) > 1
 
@@ -155,8 +230,7 @@ def test_resume_restores_weights_and_rating(tmp_path):
     straight_rows, *_, straight = run_regime(tmp_path, "elo", steps=4, folder=loop.RunFolder(tmp_path / "a"))
     folder = loop.RunFolder(tmp_path / "b")
     run_regime(tmp_path, "elo", steps=2, folder=folder)
-    (folder.path / "done.json").unlink()
-    rows, *_, resumed = run_regime(tmp_path, "elo", steps=4, folder=folder)
+    rows, *_, resumed = run_regime(tmp_path, "elo", steps=4, folder=folder)   # goes on from step 2
     assert [r["rating"] for r in rows] == [r["rating"] for r in straight_rows]
     a, b = training.trainable(straight), training.trainable(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)

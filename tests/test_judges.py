@@ -6,8 +6,8 @@ from replication import judges, tasks
 
 @pytest.mark.parametrize("text, score", [("4", 4), ("Score: 5/5", 5), ("I'd say 3.", 3), ("", None), ("seven", None),
                                          ("9", None)])
-def test_parse_score(text, score):
-    assert judges.parse_score(text) == score
+def test_parse_rating(text, score):
+    assert judges.parse_rating(text) == score
 
 
 @pytest.mark.parametrize("text, choice", [("A", "A"), ("Response B is better.", "B"), ("b.", "B"), ("A or B", None),
@@ -26,6 +26,9 @@ def test_judge_distributions_on_tiny_model(tiny):
     df = judges.pairwise(model, tok, ["q"] * 2, ["good", "fine"], ["bad", "poor"], k=4, seed=1)
     assert np.allclose(df["p_better"], (df["p_better_first"] + df["p_better_second"]) / 2)
     assert all(len(w) == 4 for w in df["wins"])
+    bias = judges.position_bias(df)
+    assert bias["bias"] == pytest.approx(bias["p_says_a"] - 0.5)
+    assert bias["p_better_when_first"] == pytest.approx(df["p_better_first"].mean())
 
 
 def test_quality_corpus_is_graded_and_reproducible():

@@ -1,4 +1,5 @@
-"""Multi-Agent Evolve: the authors' score parsing, the reward formulas, the filter, per-role whitening, the loop."""
+"""Multi-Agent Evolve: the authors' score parsing, the reward formulas, the filter, per-role whitening, the loop,
+and the statistics the notebook takes from replication.stats (agreement at MAE's cut, McNemar)."""
 import json
 import random
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import mannwhitneyu
 
-from replication import mae, models, tasks, loop, training
+from replication import loop, mae, models, stats, tasks
 
 
 @pytest.mark.parametrize("text, raw, source", [
@@ -97,17 +98,18 @@ def test_role_advantages_whiten_within_each_role():
     assert torch.count_nonzero(flat[0]) == 0
 
 
-def test_agreement_matches_scipy_and_hand_counts():
+def test_agreement_at_mae_cut_matches_scipy_and_hand_counts():
     scores = [0.9, 0.1, 0.5, 0.2, 0.8, 0.0]
     correct = [True, False, True, True, False, False]
-    out = mae.agreement(scores, correct)
-    # says correct (>= 1/3): T F T F T F vs T F T T F F -> 4 of 6 agree
+    out = stats.agreement(scores, correct, cut=mae.AGREEMENT_CUT)
+    # says correct (>= 1/3, a raw 4 of 10): T F T F T F vs T F T T F F -> 4 of 6 agree
+    assert mae.AGREEMENT_CUT == pytest.approx(mae.parse_score("<score>4</score>"))
     assert out["agreement"] == pytest.approx(4 / 6) and out["n"] == 6 and out["majority_baseline"] == 0.5
     pos, neg = [0.9, 0.5, 0.2], [0.1, 0.8, 0.0]
     wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
     assert out["auc"] == pytest.approx(wins / 9) == pytest.approx(mannwhitneyu(pos, neg).statistic / 9)
     assert out["ci95"][0] < 4 / 6 < out["ci95"][1]
-    assert np.isnan(mae.agreement([0.5, 0.6], [True, True])["auc"])
+    assert np.isnan(stats.agreement([0.5, 0.6], [True, True], cut=mae.AGREEMENT_CUT)["auc"])
 
 
 def test_pool_and_config_validation():
@@ -130,48 +132,83 @@ def _loop(tmp_path, name, iterations, **kw):
     model, tok = models.tiny_model(seed=0)
     cfg = mae.MAEConfig(iterations=iterations, proposals=3, n_solve=2, pool_solve=2, question_tokens=10,
                         answer_tokens=10, judge_tokens=10, lr=1e-2, **kw)
-    model = mae.new_adapter(model, "main", cfg)
     folder = loop.RunFolder(tmp_path / name) if tmp_path else None
-    return model, mae.run_loop(model, tok, tasks.make_level("1d-1step-add", 4), cfg, folder, progress=False)
+    return mae.run_arm(model, tok, "main", tasks.make_level("1d-1step-add", 4), cfg, folder, progress=False)
 
 
 def test_loop_updates_the_model_and_resumes_exactly(tmp_path):
     model, out = _loop(tmp_path, "a", 3)
-    assert [r["iteration"] for r in out["rows"]] == [0, 1, 2]
+    assert [r["iteration"] for r in out["rows"]] == [r["step"] for r in out["rows"]] == [0, 1, 2]
     assert all(0 <= r["solver_reward"] <= 1 and 0 <= r["proposer_reward"] <= 1 for r in out["rows"])
     assert any(r["grad_norm"] > 0 for r in out["rows"])
     assert out["rows"][-1]["pool_size"] == len(out["pool"]) >= 4
-    weights = training.trainable(model)
-    assert any(float(w.abs().sum()) > 0 for n, w in weights.items() if "lora_B" in n)  # B starts at 0
-    # interrupted after 2 iterations, then resumed: the same rows and weights
+    assert len(out["proposals"]) == 3 * 3 and {p["iteration"] for p in out["proposals"]} == {0, 1, 2}
+    weights = loop.trainable(model)
+    assert any(float(w.detach().abs().sum()) > 0 for n, w in weights.items() if "lora_B" in n)  # B starts at 0
+    # the loop state (pool, proposals, verified answers) is in the checkpoint, beside the weights
+    ckpt = torch.load(loop.RunFolder(tmp_path / "a").latest(), weights_only=False)
+    assert ckpt["step"] == 3 and ckpt["extra"]["pool"] == out["pool"] and ckpt["extra"]["verified"] == out["verified"]
+    # interrupted after 2 iterations, then resumed: the same rows, state and weights
     _, first = _loop(tmp_path, "b", 2)
     (tmp_path / "b" / "done.json").unlink()
     resumed_model, resumed = _loop(tmp_path, "b", 3)
     assert _results(resumed["rows"]) == _results(out["rows"])
-    b = training.trainable(resumed_model)
+    assert resumed["pool"] == out["pool"] and _results(resumed["proposals"]) == _results(out["proposals"])
+    b = loop.trainable(resumed_model)
     assert all(torch.equal(weights[k], b[k]) for k in weights)
     assert len(list((tmp_path / "b" / "checkpoints").glob("*.pt"))) == 1  # only the latest is kept
-    # a finished run is returned from its folder
-    _, again = _loop(tmp_path, "a", 3)
-    assert again["rows"] == out["rows"] or _results(again["rows"]) == _results(out["rows"])
+    # a finished run is read back: its rows and state, and its final weights loaded into a fresh adapter
+    again_model, again = _loop(tmp_path, "a", 3)
+    assert _results(again["rows"]) == _results(out["rows"]) and again["pool"] == out["pool"]
+    c = loop.trainable(again_model)
+    assert all(torch.equal(weights[k], c[k]) for k in weights)
 
 
-def test_paired_change_is_mcnemar_exact():
+def test_mcnemar_on_paired_outcomes_is_exact():
     from scipy.stats import binomtest
 
     before = [1, 1, 0, 0, 0, 0, 1, 0]
     after = [1, 0, 1, 1, 1, 0, 1, 1]
-    out = mae.paired_change(before, after)
+    out = stats.mcnemar(before, after)
     assert (out["gained"], out["lost"]) == (4, 1) and out["change"] == pytest.approx(3 / 8)
     assert out["p_value"] == pytest.approx(binomtest(4, 5, 0.5).pvalue) == pytest.approx(0.375)
-    assert mae.paired_change([1, 0], [1, 0])["p_value"] == 1.0
+    assert stats.mcnemar([1, 0], [1, 0])["p_value"] == 1.0
 
 
-def test_cached_frame_makes_once(tmp_path):
+def test_summaries_and_keys():
     import pandas as pd
 
-    calls = []
-    make = lambda: calls.append(1) or pd.DataFrame({"x": [1, 2]})  # noqa: E731
-    a = mae.cached_frame(tmp_path / "f.json", make)
-    b = mae.cached_frame(tmp_path / "f.json", make)
-    assert calls == [1] and a.equals(b)
+    before = pd.DataFrame({"correct": [True, False, False, False], "format": [True, True, False, True]})
+    after = pd.DataFrame({"correct": [True, True, True, False], "format": [True] * 4})
+    acc = mae.accuracy(after)
+    assert acc["accuracy"] == 0.75 and acc["n"] == 4 and acc["format"] == 1.0 and acc["ci95"][0] < 0.75 < acc["ci95"][1]
+    assert mae.fmt_accuracy(acc).startswith("75.0% [")
+    rows = [{"iteration": i, "pool_size": 4 + i, "accepted": 1, "filtered": 1, "no_question": 0, "proposer_reward": 0.5,
+             "proposer_difficulty": 0.2, "solver_reward": 0.4, "judge_format": 0.0} for i in range(3)]
+    props = [{"iteration": i, "accepted": a, "quality": q} for i in range(3) for a, q in ((True, 0.8), (False, 0.1))]
+    assert mae.pool_summary(pd.DataFrame(rows), 4) == {"initial": 4, "final": 6, "accepted": 3, "filtered": 3, "no_question": 0}
+    arm = mae.arm_summary({"rows": rows, "proposals": props}, after, before, iterations=2)
+    assert arm["iterations"] == 2 and arm["pool_final"] == 5 and arm["mean_quality_accepted"] == pytest.approx(0.8)
+    assert arm["paired_change_vs_before"]["gained"] == 2 and arm["solver_accuracy_after"]["accuracy"] == 0.75
+    assert mae.arm_summary({"rows": rows, "proposals": props}, None, before, 3)["solver_accuracy_after"] is None
+    seeds = tasks.make_level("1d-1step-add", 2)
+    cfg = mae.MAEConfig(iterations=2)
+    assert mae.run_key("m", seeds, cfg) != mae.run_key("m", seeds, mae.MAEConfig(iterations=3))
+    assert mae.solve_prompts(seeds)[0].startswith(seeds[0].question) and tasks.INSTRUCTION in mae.solve_prompts(seeds)[0]
+
+
+def test_loop_config_from_notebook_parameters():
+    from types import SimpleNamespace
+
+    params = SimpleNamespace(iterations=3, proposals=2, lr=1e-3, model="x", seed=5, batch_size=4)
+    cfg = mae.MAEConfig.from_params(params, use_filter=False)
+    assert (cfg.iterations, cfg.proposals, cfg.lr, cfg.seed, cfg.use_filter) == (3, 2, 1e-3, 5, False)
+    with pytest.raises(ValueError, match="proposals=0"):
+        mae.MAEConfig.from_params(params, proposals=0)
+
+
+def test_paper_tables():
+    table = mae.paper_table()
+    assert "Overall" in table.columns and ("with reference", "MAE (half reference)") in table.index
+    settings = mae.settings_table(mae.MAEConfig())
+    assert list(settings.columns) == ["value", "ours", "meaning", "source"] and settings.loc["n_solve", "ours"] == 2

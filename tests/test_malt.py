@@ -1,11 +1,12 @@
-"""MALT pieces against hand-worked trees: value iteration, pooling, pairs, voting, adapters, DPO reference."""
+"""MALT pieces against hand-worked trees: value iteration, pooling, pairs, voting, adapters, DPO reference,
+and notebook 05's held-out protocol (accuracies, paired differences, answer changes) through replication.stats."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from replication import dpo, malt, models, tasks
+from replication import cache, config, dpo, malt, models, stats, tasks
 
 # One question, n = 2: leaves under (g0, v00), (g0, v01), (g1, v10), (g1, v11).
 REWARD_N2 = np.array([[[[1, 0], [1, 1]], [[0, 0], [0, 1]]]])
@@ -249,3 +250,117 @@ def test_reply_stats_by_hand():
     out = malt.reply_stats(rows)
     assert out == {"chains": 2, "accuracy": 1.0, "accuracy_strict": 0.5, "format_rate": 0.5,
                    "kept_generator_answer": 0.5, "mean_chars": (len("so 5. The answer is 5.") + len("2 and 5")) / 2}
+
+
+def test_generator_instruction_is_its_own_name():
+    assert malt.generator_prompt("Q?") == f"Q?\n{malt.GENERATOR_INSTRUCTION}"
+    assert malt.GENERATOR_INSTRUCTION != tasks.INSTRUCTION and not hasattr(malt, "INSTRUCTION")
+
+
+def test_role_seeds_are_derived_and_fit_generate():
+    a = malt.role_seed(0, "tree", "verifier")
+    assert a == config.derive_seed(0, "tree", "verifier") % 2**32 == malt.role_seed(0, "tree", "verifier")
+    assert len({a, malt.role_seed(0, "tree", "refiner"), malt.role_seed(1, "tree", "verifier")}) == 3
+    assert 0 <= a < 2**32
+
+
+def test_construction_holds_on_the_hand_tree_and_fails_off_it():
+    tree = hand_tree()
+    assert malt.construction_holds(tree, 3, 27, 0.5)
+    assert not malt.construction_holds(tree, 3, 26, 0.5)      # the paper's own arithmetic: 3^3 = 27
+    assert not malt.construction_holds(tree, 3, 27, 0.4)      # a different threshold than the one labels use
+    assert not malt.construction_holds({**tree, "r": tree["r"][:-1]}, 3, 27, 0.5)
+
+
+def chains(question, outcomes, answer=5):
+    """Rows as run_chains gives them: (g_correct, correct, final answer) per chain."""
+    return [{"question": question, "chain": c, "answer": answer, "g_correct": g, "correct": ok, "final_answer": a}
+            for c, (g, ok, a) in enumerate(outcomes)]
+
+
+ROWS = {  # two questions (answer 5), three chains each; single-chain variants have chain 0 only
+    "dpo": chains(0, [(0, 1, 5), (1, 1, 5), (0, 0, 4)]) + chains(1, [(1, 0, 3), (0, 1, 5), (0, 1, 5)]),
+    "base": chains(0, [(0, 0, 4), (1, 1, 5), (0, 0, 6)]) + chains(1, [(1, 1, 5), (0, 0, 3), (0, 0, 3)]),
+    "base_greedy": chains(0, [(1, 1, 5)]) + chains(1, [(0, 0, 2)]),
+    "untrained": chains(0, [(0, 0, 4)]) + chains(1, [(1, 1, 5)]),
+    "sft": chains(0, [(0, 1, 5)]) + chains(1, [(0, 0, 1)]),
+}
+
+
+def test_per_question_first_chain_and_vote():
+    np.testing.assert_array_equal(malt.per_question(ROWS["dpo"]), [1, 0])
+    np.testing.assert_array_equal(malt.per_question(ROWS["dpo"], vote=True), [1, 1])
+    np.testing.assert_array_equal(malt.per_question(ROWS["base"], vote=True), [0, 0])  # 4/5/6 tie: the first (4)
+
+
+def test_accuracy_summary_uses_wilson_intervals():
+    acc = malt.accuracy_summary(ROWS, votes=3)
+    assert list(acc) == ["base generator (greedy)", "base generator", "base generator, vote of 3", "untrained G-V-R",
+                         "after SFT", "after SFT + DPO (MALT)", "MALT, vote of 3"]
+    p, lo, hi = stats.proportion_ci(2, 2)
+    assert acc["MALT, vote of 3"] == {"acc": p, "ci95": [lo, hi], "n": 2}
+    assert acc["base generator"]["acc"] == 0.5 and acc["after SFT"]["acc"] == 0.5
+
+
+def test_paired_differences_come_from_the_paired_bootstrap():
+    diffs = malt.paired_differences(ROWS, votes=3, n_boot=300, seed=4)
+    d = diffs["MALT vote vs base vote (3)"]
+    expected = stats.paired_bootstrap([1, 1], [0, 0], n_boot=300, seed=4)
+    assert (d["diff"], *d["ci95"]) == expected and d["n"] == 2 and np.isnan(d["relative"])   # base vote: 0
+    single = diffs["MALT vs base generator (single)"]
+    assert single["diff"] == 0.0 and single["relative"] == 0.0
+    assert diffs["SFT + DPO vs SFT (single)"]["relative"] == pytest.approx(0.0)
+
+
+def test_flip_table_counts_mcnemar_and_change():
+    out = malt.flip_table({"dpo": ROWS["dpo"]}, n_boot=300, seed=0)["dpo"]
+    assert {k: out[k] for k in ("wrong_to_right", "right_to_wrong", "right_to_right", "wrong_to_wrong")} == \
+        malt.flips(ROWS["dpo"]) == {"wrong_to_right": 3, "right_to_wrong": 1, "right_to_right": 1, "wrong_to_wrong": 1}
+    test = stats.mcnemar([r["g_correct"] for r in ROWS["dpo"]], [r["correct"] for r in ROWS["dpo"]])
+    assert (test["gained"], test["lost"]) == (3, 1) and out["mcnemar_p"] == test["p_value"]
+    assert out["change"] == pytest.approx(2 / 6) and out["chains"] == 6 and out["questions"] == 2
+    assert out["ci95"][0] <= out["change"] <= out["ci95"][1]
+
+
+def test_variant_chains_go_through_the_given_cache(tmp_path):
+    model, tok = _tiny_roles()
+    problems = tasks.make_level("1d-1step-add", 2, seed=0)
+    seen = []
+
+    def cache_fn(name, key, make):
+        seen.append((name, key))
+        return cache.cached(tmp_path, name, key, make)
+
+    given = ["The answer is 1.", "The answer is 2."]
+    kw = dict(tokens=(4, 3, 4), temperature=1.0, seed=0, batch_size=8)
+    rows = malt.variant_chains(cache_fn, {"base": 1}, "untrained", model, tok, problems, k=1, g=given, **kw)
+    assert seen == [("eval-untrained", {"base": 1, "variant": "untrained", "k": 1, **kw})]   # g is not in the key
+    again = malt.variant_chains(cache_fn, {"base": 1}, "untrained", model, tok, problems, k=1, g=given, **kw)
+    assert again == rows and [r["g"] for r in rows] == given
+
+
+def test_trained_stage_survives_the_cache(tmp_path):
+    model, tok = _tiny_roles()
+    cfg = dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, beta=0.1, seed=0)
+    sets = {r: [(p, c) for p, c, _ in PAIRS] for r in malt.ROLES}
+    pairs = {r: PAIRS for r in malt.ROLES}
+
+    def make():
+        return malt.train_stage(model, tok, sets, pairs, cfg, cfg, "sft", "sft")
+
+    first = cache.cached(tmp_path, "sft", {"k": 1}, make)
+    trained = {r: malt.adapter_state(model, r) for r in malt.ROLES}
+    assert all(len(first["logs"][r]["sft"]) == 2 and first["logs"][r]["dpo"] == [] for r in malt.ROLES)
+    fresh, _ = _tiny_roles()
+    for value in (first, cache.cached(tmp_path, "sft", {"k": 1}, make)):   # as made, then as reloaded
+        malt.load_stage(fresh, value)
+        for r in malt.ROLES:
+            state = malt.adapter_state(fresh, r)
+            assert all(torch.equal(state[k], trained[r][k]) for k in state)
+
+
+def test_trainers_with_nothing_to_train_return_no_rows():
+    model, tok = _tiny_roles()
+    cfg = dpo.PreferenceConfig()
+    assert dpo.train_sft(model, tok, [], cfg, adapter_name="generator", progress=False) == []
+    assert dpo.train_dpo(model, tok, [], cfg, adapter_name="generator", progress=False) == []

@@ -66,7 +66,8 @@ def test_edge_cases():
     (lambda: noise.fit_absolute([1, 2, 3], [1, 2, 7]), "scale"),
     (lambda: noise.fit_pairwise([1, 2], [1]), "same length"),
     (lambda: noise.fit_pairwise([1, 2], [1, 2]), "0/1"),
-    (lambda: noise.bootstrap([1, 2, 3], [1, 2, 3], [2, 2], [1, 0], n_boot=5), "gap=1.0 has no pairs"),
+    (lambda: noise.bootstrap_ratio([1, 2, 3], [1, 2, 3], [2, 2], [1, 0], n_boot=5), "gap=1.0 has no pairs"),
+    (lambda: noise.bootstrap_ratio([1, 2, 3], [1, 2, 3], [1, 1], [1, 0], groups=[0]), "same length"),
 ])
 def test_bad_input_is_named(call, message):
     with pytest.raises(ValueError, match=message):
@@ -79,12 +80,80 @@ def test_bootstrap_interval_covers_the_ratio():
     scores = np.clip(np.round(0.5 * q[:, None] + 1.5 + rng.normal(0, 0.6, (1000, 5))), 1, 5)
     gaps = rng.integers(1, 5, 1000).astype(float)
     wins = (rng.random(1000) < st.norm.cdf(gaps / 2.0)).astype(float)
-    out = noise.bootstrap(q, scores, gaps, wins, n_boot=300, seed=0)
+    out = noise.bootstrap_ratio(q, scores, gaps, wins, n_boot=300, seed=0)
     point = noise.fit_absolute(q, scores)["sigma_abs_eff"] / noise.fit_pairwise(gaps, wins)["per_gap"][1.0]["sigma_comp"]
     lo, hi = out["ci95"]["ratio"]
     assert lo < point < hi and len(out["ratio"]) == 300
-    again = noise.bootstrap(q, scores, gaps, wins, n_boot=300, seed=0)
+    again = noise.bootstrap_ratio(q, scores, gaps, wins, n_boot=300, seed=0)
     assert np.array_equal(out["ratio"], again["ratio"])
+
+
+def test_bootstrap_resamples_whole_pairs():
+    # k identical verdicts per pair: resampling verdicts one by one would make the interval k times too sure
+    rng = np.random.default_rng(4)
+    q = np.repeat([1.0, 2.0, 3.0, 4.0, 5.0], 40)
+    scores = q[:, None] + rng.normal(0, 0.5, (len(q), 3))
+    k, n_pairs = 10, 60
+    pair_wins = (rng.random(n_pairs) < 0.7).astype(float)
+    gaps, wins = np.ones(n_pairs * k), np.repeat(pair_wins, k)
+    loose = noise.bootstrap_ratio(q, scores, gaps, wins, n_boot=300, seed=0, scale=(-50, 50),
+                                  groups=np.repeat(np.arange(n_pairs), k))["ci95"]["sigma_comp"]
+    tight = noise.bootstrap_ratio(q, scores, gaps, wins, n_boot=300, seed=0, scale=(-50, 50))["ci95"]["sigma_comp"]
+    assert loose[1] - loose[0] > 2 * (tight[1] - tight[0])
+
+
+def test_interval_of_undefined_draws_is_uninformative():
+    assert noise._ci([np.nan, np.nan]) == [0.0, np.inf]
+    assert noise._ci([1.0, np.inf, np.inf, np.inf])[1] == np.inf
+
+
+def test_paper_statistics_reproduce_within_their_rounding():
+    from replication import paper
+
+    stats = paper.table("elo_evolve_noise").set_index("statistic")["value"]
+    repro = noise.reproduce_paper(stats, paper.table("elo_evolve_noise_by_gap"))
+    assert repro["within"].all(), repro
+    assert list(repro.index[:4]) == [f"sigma_comp gap {g}" for g in (1, 2, 3, 4)]
+    # the tolerance is the rounding, not a blanket percentage: a small error in the third digit is caught
+    assert (repro["tolerance"] < 0.05 * repro["paper"]).all()
+
+
+def test_rounding_helpers():
+    assert noise.half_unit([0.551, 0.635]) == pytest.approx(0.0005)
+    assert noise.half_unit([7.85, 5.8, 25.53]) == pytest.approx(0.005)
+    assert noise.half_unit(1086) == pytest.approx(0.5)
+    v, tol = noise.rounding_band(lambda a, b: a * b, [2.0, 3.0], [0.1, 0.1])
+    assert v == 6.0 and tol == pytest.approx(2.1 * 3.1 - 6)
+
+
+def test_slope_interval_from_statistics():
+    lo, hi = noise.slope_ci_from_stats(0.5, 0.7, 1000)
+    se = 0.7 / (np.sqrt(2) * np.sqrt(1000))  # sd of 1..5 is sqrt(2)
+    assert (hi - lo) / 2 == pytest.approx(1.959964 * se, rel=1e-5) and (lo + hi) / 2 == pytest.approx(0.5)
+
+
+def test_coverage_band_and_calibration_run():
+    lo, hi = noise.coverage_band(200)
+    assert lo < 0.95 < hi <= 1 and noise.coverage_band(10)[1] == 1.0
+    truth = {**noise.CALIBRATION, "sigma_within2": 0.9}
+    cov = noise.coverage(3, truth, 300, 300, n_boot=20, seed=0)
+    assert len(cov) == 3 and {"a_covered", "sigma_comp_covered", "ratio_covered"} <= set(cov)
+    assert cov.equals(noise.coverage(3, truth, 300, 300, n_boot=20, seed=0))
+
+
+def test_formatting_and_tables():
+    assert noise.fmt(np.inf) == "inf" and noise.fmt(1.234) == "1.23" and noise.fmt_ci([0.5, np.inf]) == "[0.50, inf]"
+    from replication import paper
+
+    fit = noise.fit_pairwise([1, 1, 1, 2, 2], [1, 1, 0, 1, 0])
+    table = noise.by_gap_table(paper.table("elo_evolve_noise_by_gap"), {"fit": fit})
+    assert list(table["source"]).count("paper") == 4 and list(table["source"]).count("fit") == 2
+    rng = np.random.default_rng(0)
+    q = np.repeat([1.0, 2.0, 3.0, 4.0, 5.0], 10)
+    s = np.clip(np.round(q[:, None] + rng.normal(0, 1, (50, 3))), 1, 5)
+    g, w = np.repeat([1.0, 2.0], 20), (rng.random(40) < 0.7).astype(float)
+    out = noise.judge_summary(noise.fit_absolute(q, s), noise.fit_pairwise(g, w), noise.bootstrap_ratio(q, s, g, w, n_boot=20))
+    assert set(out["sigma_comp"]) == {"1", "2"} and out["n_verdicts_gap1"] == 20 and len(out["ratio_ci95"]) == 2
 
 
 def test_paper_csv_reproduces_with_the_estimators():

@@ -1,11 +1,11 @@
 """Committed notebooks are clean, parameterised for every profile, and run end to end (smoke)."""
-import ast
+import dataclasses
 import json
 
 import nbformat
 import pytest
 
-from replication import config, runner
+from replication import config, params, runner, settings, verdicts  # noqa: F401  (settings registers the classes)
 
 STEMS = runner.list_notebooks()
 
@@ -21,14 +21,23 @@ def test_notebook_is_clean_and_parameterised(stem):
     assert all(not c.outputs and c.execution_count is None for c in code), "committed with outputs"
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, "exactly one cell tagged 'parameters'"
-    names = {t.id for node in ast.parse(tagged[0].source).body for t in node.targets}
-    assert {"profile", "seed"} <= names
+    cell = {}
+    exec(tagged[0].source, {}, cell)  # plain values only
+    assert {"profile", "seed"} <= set(cell)
     after = code[code.index(tagged[0]) + 1].source
-    assert f'workbook.start("{stem}"' in after, "the cell after the parameters starts the run"
+    assert after.lstrip().startswith(f'run = workbook.start("{stem}", globals())'), \
+        "the cell after the parameters builds the typed parameters and starts the run"
+    fields = {f.name for f in dataclasses.fields(params.REGISTRY[stem])}
+    assert set(cell) == fields, f"parameters cell and {params.REGISTRY[stem].__name__} differ: {set(cell) ^ fields}"
+    params.build(stem, cell)  # the cell's defaults are valid
     table = json.loads((runner.NOTEBOOKS / "params" / f"{stem}.json").read_text())
     assert set(table) == set(config.PROFILES)
+    assert table["default"] == {}, "the parameters cell is the single source of the default values"
     for profile, values in table.items():
-        assert set(values) <= names, f"{profile} sets parameters the notebook does not have"
+        assert set(values) <= fields, f"{profile} sets parameters the notebook does not have"
+        same = [k for k, v in values.items() if v == cell[k] and k != "profile"]
+        assert not same, f"{profile} repeats the cell's defaults for {same}; keep only what the profile changes"
+        params.build(stem, {**cell, **values, "profile": profile})
     assert "run.finish()" in "".join(c.source for c in code)
 
 
@@ -41,5 +50,7 @@ def test_every_notebook_runs_in_the_smoke_profile(runs):
         assert metrics["profile"] == "smoke" and metrics["figures"]
         for f in metrics["figures"]:
             assert all((runs / "smoke/figures" / name).is_file() for name in f["files"])
-        assert all(c["verdict"] in ("reproduced", "partly", "not reproduced", "not tested") for c in metrics["claims"])
+        for c in metrics["claims"]:
+            assert c["verdict"] in verdicts.VERDICTS and c["evidence"] in verdicts.EVIDENCE, c
+            assert {"interval", "n"} <= set(c), c
     assert (runs / "smoke/report/index.html").is_file()

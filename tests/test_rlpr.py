@@ -1,4 +1,5 @@
-"""RLPR pieces: answer location, reference tokens, aggregation, debiasing, the std filter and the filtered loop."""
+"""RLPR pieces: answer location, reference tokens, aggregation, debiasing, the reward's side data, reward
+quality, the std filter and the filtered loop on loop.run."""
 import math
 
 import numpy as np
@@ -7,7 +8,8 @@ import pytest
 import torch
 from scipy.stats import mannwhitneyu
 
-from replication import config, grpo, models, rlpr, loop, training
+from replication import answers, config, grpo, loop, models, reward_quality, rlpr, rlpr_training, stats
+from replication.rollout import Recorder
 
 
 def merging_tokenizer():
@@ -24,7 +26,7 @@ def merging_tokenizer():
 
 
 def scored_text(tok, text, reference):
-    o, a, b = rlpr.replace_answer(text, reference)
+    o, a, b = answers.replace_answer(text, reference)
     enc = tok(o, add_special_tokens=False, return_offsets_mapping=True)
     mask = rlpr.reference_mask(enc["offset_mapping"], a, b)
     return o, "".join(o[s:e] for (s, e), m in zip(enc["offset_mapping"], mask) if m)
@@ -40,13 +42,13 @@ def scored_text(tok, text, reference):
     ("The answer is 3.5. Then the answer is 4.", "4"),                      # the last phrase, decimals kept
 ])
 def test_locate_answer(text, span):
-    a, b = rlpr.locate_answer(text)
+    a, b = answers.locate_answer(text)
     assert text[a:b] == span
 
 
 @pytest.mark.parametrize("text", ["no answer here 7", "<answer>7", "The answer is .", ""])
 def test_missing_answer_is_none(text):
-    assert rlpr.locate_answer(text) is None and rlpr.replace_answer(text, "7") is None
+    assert answers.locate_answer(text) is None and answers.replace_answer(text, "7") is None
 
 
 def test_reference_at_start_and_end_of_the_reply(tiny):
@@ -113,49 +115,138 @@ def test_debias_clips_to_unit_interval():
     ("</answer>7<answer>", 0.0), ("The answer is 7. The answer is 7.", 0.0), ("just 7", 0.0),
 ])
 def test_format_score(text, score):
-    assert rlpr.format_score(text) == score
+    assert answers.format_score(text) == score
 
 
 def test_exact_match_and_lenient_oracle():
-    assert rlpr.exact_match("The answer is 7.", "7") and not rlpr.exact_match("The answer is 7 apples.", "7")
-    assert not rlpr.exact_match("The answer is seven.", "7")
-    assert rlpr.is_correct("The answer is seven apples.", ("7",), 7.0)
-    assert rlpr.is_correct("so twenty-one", ("21",), 21.0) and not rlpr.is_correct("The answer is 8.", ("7",), 7.0)
-    assert rlpr.is_correct("The answer is the Pacific.", ("pacific ocean", "pacific"))
-    assert not rlpr.is_correct("The answer is Atlantic.", ("pacific",))
-    assert [rlpr.number_words(n) for n in (0, 13, 40, 99, 105)] == ["zero", "thirteen", "forty", "ninety nine", "one hundred five"]
-    assert rlpr.parse_number("one hundred and five degrees") == 105.0
+    assert answers.exact_match("The answer is 7.", "7") and not answers.exact_match("The answer is 7 apples.", "7")
+    assert not answers.exact_match("The answer is seven.", "7")
+    assert answers.is_correct("The answer is seven apples.", ("7",), 7.0)
+    assert answers.is_correct("so twenty-one", ("21",), 21.0) and not answers.is_correct("The answer is 8.", ("7",), 7.0)
+    assert answers.is_correct("The answer is the Pacific.", ("pacific ocean", "pacific"))
+    assert not answers.is_correct("The answer is Atlantic.", ("pacific",))
+    assert [answers.number_words(n) for n in (0, 13, 40, 99, 105)] == ["zero", "thirteen", "forty", "ninety nine", "one hundred five"]
+    assert answers.parse_number("one hundred and five degrees") == 105.0
+    q = answers.Question("q", "arithmetic", "?", "7 apples", ("7", "seven"), 7.0, "unit")
+    assert answers.score_reply("The answer is seven.", q) == {"correct": True, "verified": False, "format": 1.0}
 
 
-def test_reward_missing_answer_scores_zero(tiny):
+def test_reward_logs_its_side_data_per_completion(tiny):
     model, tok = tiny
     meta = [{"id": "q", "reference": "7", "aliases": ["7"], "value": 7.0}] * 2
     fn = rlpr.Reward(model, tok, baseline={"q": [0.0]}, format_weight=0.1)
-    out = fn(["p", "p"], ["no answer at all", "The answer is 3."], meta)
-    assert out[0] == 0.0 and fn.last["r"][0] == 0.0 and fn.last["format"] == [0.0, 1.0]
-    assert 0.1 <= out[1] <= 1.0
+    rec = Recorder(2)
+    out = fn(["p", "p"], ["no answer at all", "The answer is 3."], meta, log_metric=rec.log_metric, log_extra=rec.log_extra)
+    assert out[0] == 0.0 and rec.extras["r"][0] == 0.0 and rec.extras["format"] == [0.0, 1.0]
+    assert rec.extras["correct"] == [False, False] and rec.extras["core"][0] == 0.0 and rec.metrics["answer_found"] == 0.5
+    assert 0.1 <= out[1] <= 1.0 and not hasattr(fn, "last")
     big = rlpr.Reward(model, tok, baseline={"q": [1.0]})(["p"], ["The answer is 3."], meta[:1])
     assert big == [pytest.approx(0.1)]   # r' = 1 removes everything but the format term
     verifier = rlpr.Reward(model, tok, kind="verifier", format_weight=0.0)
     assert verifier(["p", "p"], ["The answer is 7.", "The answer is seven."], meta) == [1.0, 0.0]
 
 
-# ---- AUC ----
+def test_reward_side_data_reach_the_rollout_record():
+    model, tok = models.tiny_model(seed=0)
+    model = models.add_lora(model, r=4, alpha=8)
+    reward = rlpr.Reward(model, tok, baseline={"q": [0.2]})
+    trainer = grpo.GRPOTrainer(model, tok, reward, grpo.GRPOConfig(num_generations=2, max_new_tokens=4, beta=0.0))
+    meta = {"id": "q", "reference": "7", "aliases": ["7"], "value": 7.0}
+    batch = trainer.rollout(["a", "b"], [meta, meta])
+    assert set(batch.extras) == {"r", "core", "format", "correct"} and all(len(v) == 4 for v in batch.extras.values())
+    assert "answer_found" in batch.metrics and "answer_found" in grpo.step_stats(batch)
+
+
+# ---- statistics used by reward quality (replication.stats) ----
 
 def test_auc_matches_mannwhitney():
     rng = np.random.default_rng(0)
     y = rng.random(200) < 0.4
     s = np.round(rng.normal(size=200) + y, 1)   # rounding makes ties
     u = mannwhitneyu(s[y], s[~y]).statistic
-    assert rlpr.auc(s, y) == pytest.approx(u / (y.sum() * (~y).sum()))
-    assert math.isnan(rlpr.auc([0.1, 0.2], [True, True]))
-    assert rlpr.within_auc([1, 2, 1, 2, 5], [0, 1, 1, 0, 1], ["a", "a", "b", "b", "c"]) == pytest.approx(0.5)
+    assert stats.auc(s, y) == pytest.approx(u / (y.sum() * (~y).sum()))
+    assert math.isnan(stats.auc([0.1, 0.2], [True, True]))
+    assert stats.within_auc([1, 2, 1, 2, 5], [0, 1, 1, 0, 1], ["a", "a", "b", "b", "c"]) == pytest.approx(0.5)
+
+
+def test_roc_curve_area_equals_auc_and_paired_difference():
+    rng = np.random.default_rng(1)
+    y = rng.random(80) < 0.5
+    s = np.round(rng.random(80) + 0.3 * y, 1)
+    fpr, tpr = stats.roc_curve(s, y)
+    assert fpr[0] == tpr[0] == 0 and fpr[-1] == tpr[-1] == 1
+    assert np.trapezoid(tpr, fpr) == pytest.approx(stats.auc(s, y))
+    d, lo, hi = stats.paired_bootstrap([1, 1, 0, 1], [0, 1, 0, 0], n_boot=200)
+    assert d == 0.5 and lo <= 0.5 <= hi
+
+
+# ---- reward quality ----
+
+def quality_table(n_q=12, per_q=4, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in range(n_q):
+        for _ in range(per_q):
+            correct = bool(rng.random() < 0.5)
+            p = [float(np.clip(rng.random() * 0.5 + 0.4 * correct, 0.01, 1)), float(rng.random())]
+            rows.append({"qid": f"q{k}", "kind": "arithmetic", "style": ["digits", "words"][k % 2], "reference": "7",
+                         "probs": p, "base_probs": [0.1], "answered": True, "correct": correct,
+                         "verified": correct and k % 2 == 0, "format": 1.0, "tokens": 5})
+    return reward_quality.reward_columns(pd.DataFrame(rows))
+
+
+def test_reward_columns_debias_per_aggregation():
+    t = pd.DataFrame({"probs": [[0.5, 0.8], None], "base_probs": [[0.25, 0.2], [0.1]], "verified": [True, False]})
+    out = reward_quality.reward_columns(t)
+    assert out["mean"].tolist() == pytest.approx([0.65, 0.0]) and out["base_mean"].tolist() == pytest.approx([0.225, 0.1])
+    assert out["mean_debiased"].tolist() == pytest.approx([0.425, 0.0])
+    assert out["sequence_debiased"].tolist() == pytest.approx([0.4 - 0.05, 0.0]) and out["verifier"].tolist() == [1.0, 0.0]
+
+
+def test_auc_table_resamples_questions_and_differences_are_paired():
+    R = quality_table()
+    table = reward_quality.auc_table(R, n_boot=200, seed=0)
+    assert list(table.index) == list(reward_quality.COLUMNS)
+    for c in reward_quality.COLUMNS:
+        est, lo, hi = stats.bootstrap(stats.auc, R[c], R.correct, groups=R.qid, n_boot=200, seed=0)
+        assert table.loc[c, "AUC"] == pytest.approx(est) and (table.loc[c, "ci_low"], table.loc[c, "ci_high"]) == (lo, hi)
+        assert table.loc[c, "within-question AUC"] == pytest.approx(stats.within_auc(R[c], R.correct, R.qid))
+    assert reward_quality.auc_difference(R, "mean", "mean", n_boot=100) == (0.0, 0.0, 0.0)
+    d, lo, hi = reward_quality.auc_difference(R, "mean", "verifier", n_boot=200)
+    assert d == pytest.approx(stats.auc(R["mean"], R.correct) - stats.auc(R.verifier, R.correct)) and lo <= d <= hi
+    assert reward_quality.interval_or_reason((d, lo, hi), "x") == {"interval": (lo, hi)}
+    assert reward_quality.interval_or_reason((np.nan, np.nan, np.nan), "one class") == {"not_tested": "one class"}
+    assert set(reward_quality.auc_by_style(R).columns) == {"digits", "words"}
+    spread = reward_quality.reward_spread(R)
+    assert spread.loc["mean", "overall std"] == pytest.approx(R["mean"].std())
+
+
+def test_sensitivity_to_the_weakest_token():
+    assert reward_quality.bump_weakest([0.01, 0.7, 0.9]).tolist() == pytest.approx([0.05, 0.7, 0.9])
+    assert reward_quality.bump_weakest([0.5, 0.9]).tolist() == [1.0, 0.9]   # capped at 1
+    ex = reward_quality.example_ratios([0.01, 0.7, 0.9], [0.05, 0.7, 0.9])
+    assert ex.loc["sequence", "b / a"] == pytest.approx(5.0) and ex.loc["geometric", "b / a"] == pytest.approx(5 ** (1 / 3))
+    assert ex.loc["mean", "b / a"] == pytest.approx(1.65 / 1.61)
+    ratios = reward_quality.bump_ratios([[0.01, 0.7, 0.9], [0.1, 0.2]])
+    assert ratios["sequence"].tolist() == pytest.approx([5.0, 5.0]) and ratios["mean"][1] == pytest.approx(0.7 / 0.3)
+    R = pd.DataFrame({"answered": [True, True, False], "probs": [[0.1], [0.1, 0.2], None]})
+    assert len(reward_quality.multi_token(R)) == 1
+
+
+def test_debiasing_effect_and_per_question_table():
+    R = quality_table()
+    per_q = reward_quality.per_question(R)
+    assert len(per_q) == R.qid.nunique() and per_q.r_prime.is_monotonic_increasing
+    effect = reward_quality.debiasing_effect(R, per_q)
+    assert math.isnan(effect["corr_rprime_question_accuracy"]["r"])   # r' is the same for every question here
+    assert effect["corr_r_correct"]["ci95"][0] <= effect["corr_r_correct"]["r"] <= effect["corr_r_correct"]["ci95"][1]
+    assert effect["clipped_share"] == pytest.approx(float((R["mean"] < R["base_mean"]).mean()))
 
 
 # ---- the std filter ----
 
 def test_std_filter_against_a_hand_worked_sequence():
-    f = rlpr.StdFilter(beta=0.5, ratio=0.99, warmup_start=1, warmup_end=3)
+    f = rlpr_training.StdFilter(beta=0.5, ratio=0.99, warmup_start=1, warmup_end=3)
     assert f.threshold is None and f.keep([0.0, 0.1]).all()
     f.observe(0, 9.0)                      # before the window: ignored
     f.observe(1, 0.2)
@@ -165,97 +256,88 @@ def test_std_filter_against_a_hand_worked_sequence():
     assert f.keep([0.1, 0.149, 0.151, 0.3]).tolist() == [False, False, True, True]
     f.observe(3, 0.5)
     assert f.ema == pytest.approx(0.01 * 0.5 + 0.99 * 0.3)
-    g = rlpr.StdFilter(warmup_start=1, warmup_end=3)
+    g = rlpr_training.StdFilter(warmup_start=1, warmup_end=3)
     g.load(f.state())
     assert g.ema == f.ema
     with pytest.raises(ValueError, match="warmup_end=1"):
-        rlpr.StdFilter(warmup_start=1, warmup_end=1)
+        rlpr_training.StdFilter(warmup_start=1, warmup_end=1)
 
 
 # ---- data ----
 
 def test_questions_are_reproducible_and_match_the_committed_file():
-    a, b = rlpr.make_questions(40, 20, seed=0), rlpr.make_questions(40, 20, seed=0)
+    a, b = answers.make_questions(40, 20, seed=0), answers.make_questions(40, 20, seed=0)
     assert a == b and {q.style for q in a["train"] if q.kind == "arithmetic"} == {"digits", "words", "unit"}
+    assert answers.make_questions(40, 20, seed=1) != a
     ids = [q.id for q in a["train"]] + [q.id for q in a["heldout"]]
-    assert len(set(ids)) == len(ids)
+    assert len(set(ids)) == len(ids) and len(a["heldout"]) == 60
     assert not {q.question for q in a["train"]} & {q.question for q in a["heldout"]}
     committed = pd.read_csv(config.ROOT / "data/generated/rlpr_questions.csv", keep_default_na=False)
     assert committed["seed"].eq(0).all() and list(committed["reference"]) == [q.reference for q in a["train"] + a["heldout"]]
     with pytest.raises(ValueError, match="n_factual=31"):
-        rlpr.make_questions(4, 31)
+        answers.make_questions(4, 31)
 
 
 # ---- the filtered GRPO loop ----
 
-class LetterReward:
+def letter_reward(prompts, completions, metadata, log_metric=None, log_extra=None):
     """Fraction of lower-case letters: varies within groups on a random tiny model."""
-
-    last = {}
-
-    def __call__(self, prompts, completions, metadata):
-        out = [sum(c.isalpha() and c.islower() for c in x) / max(len(x), 1) for x in completions]
-        self.last = {"r": out, "correct": [v > 0.5 for v in out]}
-        return out
+    out = [sum(c.isalpha() and c.islower() for c in x) / max(len(x), 1) for x in completions]
+    if log_extra is not None:
+        log_extra("r", out)
+        log_extra("correct", [v > 0.5 for v in out])
+    return out
 
 
 def make_trainer():
     model, tok = models.tiny_model(seed=0)
     model = models.add_lora(model, r=4, alpha=8)
     cfg = grpo.GRPOConfig(num_generations=4, max_new_tokens=6, lr=1e-2, beta=0.0, save_every=2, seed=0)
-    return grpo.GRPOTrainer(model, tok, LetterReward(), cfg)
-
-
-def test_merge_repads_batches():
-    trainer = make_trainer()
-    qs = rlpr.make_questions(4, 0, seed=0)["train"]
-    torch.manual_seed(0)
-    b1 = trainer.rollout(["a"], [qs[0].meta()])
-    b2 = trainer.rollout(["a much longer prompt here"], [qs[1].meta()])
-    m = rlpr._merge([b1, b2], trainer.tok.pad_token_id)
-    for k, b in enumerate([b1, b2]):
-        for i in range(4):
-            row = 4 * k + i
-            assert m["prompt_ids"][row][m["prompt_mask"][row].bool()].tolist() == b["prompt_ids"][i][b["prompt_mask"][i].bool()].tolist()
-            assert m["completion_ids"][row][m["completion_mask"][row].bool()].tolist() == b["completion_ids"][i][b["completion_mask"][i].bool()].tolist()
-    trainer.update(m)   # the merged batch is a valid update batch
+    return grpo.GRPOTrainer(model, tok, letter_reward, cfg)
 
 
 def test_filtered_loop_filters_refills_and_resumes(tmp_path):
-    pool = rlpr.make_questions(12, 0, seed=0)["train"]
-    filt = lambda: rlpr.StdFilter(beta=1.5, warmup_start=0, warmup_end=1)  # noqa: E731  (strict: filters a lot)
+    pool = answers.make_questions(12, 0, seed=0)["train"]
+    filt = lambda: rlpr_training.StdFilter(beta=3.0, warmup_start=0, warmup_end=1)  # noqa: E731  (strict: filters a lot)
     straight = make_trainer()
-    rows = rlpr.train(straight, pool, 4, 2, loop.RunFolder(tmp_path / "a"), filt(), max_rollouts=2, progress=False)
+    rows = rlpr_training.train(straight, pool, 4, 2, loop.RunFolder(tmp_path / "a"), filt(), max_rollouts=2, progress=False)
     assert rows[0]["threshold"] is None and rows[0]["fraction_filtered"] == 0.0
-    assert rows[1]["threshold"] == pytest.approx(1.5 * rows[0]["group_std_mean"])
+    assert rows[1]["threshold"] == pytest.approx(3.0 * rows[0]["group_std_mean"])
     assert any(r["fraction_filtered"] > 0 for r in rows[1:]) and any(r["rollouts"] == 2 for r in rows[1:])
+    assert all(r["train_correct"] is not None and r["r_mean"] is not None for r in rows)
+    assert all(r["prompts_updated"] <= 2 for r in rows) and any(r["prompts_updated"] == 0 for r in rows)  # a step with no update
     folder = loop.RunFolder(tmp_path / "b")
     first = make_trainer()
-    rlpr.train(first, pool, 2, 2, folder, filt(), progress=False)
+    rlpr_training.train(first, pool, 2, 2, folder, filt(), progress=False)
     (folder.path / "done.json").unlink()
     second = make_trainer()
-    resumed = rlpr.train(second, pool, 4, 2, folder, filt(), progress=False)
+    resumed = rlpr_training.train(second, pool, 4, 2, folder, filt(), progress=False)
     assert [r["reward_mean"] for r in resumed] == [r["reward_mean"] for r in rows]
-    a, b = training.trainable(straight.model), training.trainable(second.model)
+    assert [r["ema"] for r in resumed] == pytest.approx([r["ema"] for r in rows])   # the EMA resumed with the loop
+    a, b = loop.trainable(straight.model), loop.trainable(second.model)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    plain = rlpr.train(make_trainer(), pool, 2, 2, progress=False)
-    assert all(r["fraction_filtered"] == 0.0 and r["rollouts"] == 1 for r in plain)
+    plain = rlpr_training.train(make_trainer(), pool, 2, 2, progress=False)
+    assert all(r["fraction_filtered"] == 0.0 and r["rollouts"] == 1 and r["prompts_updated"] == 2 for r in plain)
 
 
-def test_roc_curve_area_equals_auc_and_paired_difference():
-    rng = np.random.default_rng(1)
-    y = rng.random(80) < 0.5
-    s = np.round(rng.random(80) + 0.3 * y, 1)
-    fpr, tpr = rlpr.roc_curve(s, y)
-    assert fpr[0] == tpr[0] == 0 and fpr[-1] == tpr[-1] == 1
-    assert np.trapezoid(tpr, fpr) == pytest.approx(rlpr.auc(s, y))
-    d = rlpr.paired_difference([1, 1, 0, 1], [0, 1, 0, 0], n_boot=200)
-    assert d["difference"] == 0.5 and d["ci95"][0] <= 0.5 <= d["ci95"][1]
+# ---- held-out answers and the notebook's summaries ----
 
-
-def test_reward_columns_debias_per_aggregation():
-    t = pd.DataFrame({"probs": [[0.5, 0.8], None], "base_probs": [[0.25, 0.2], [0.1]], "verified": [True, False]})
-    out = rlpr.reward_columns(t)
-    assert out["mean"].tolist() == pytest.approx([0.65, 0.0]) and out["base_mean"].tolist() == pytest.approx([0.225, 0.1])
-    assert out["mean_debiased"].tolist() == pytest.approx([0.425, 0.0])
-    assert out["sequence_debiased"].tolist() == pytest.approx([0.4 - 0.05, 0.0]) and out["verifier"].tolist() == [1.0, 0.0]
+def test_answer_heldout_and_summaries(tiny):
+    qs = answers.make_questions(3, 1, seed=0)["heldout"]
+    table = rlpr_training.answer_heldout(*tiny, qs, max_new_tokens=4, batch_size=2)
+    assert list(table.qid) == [q.id for q in qs] and {"correct", "verified", "format"} <= set(table.columns)
+    base = pd.DataFrame({"qid": ["a", "b", "c", "d"], "correct": [False, True, False, False],
+                         "verified": [False] * 4, "format": [1.0] * 4})
+    better = base.assign(correct=[True, True, True, False])[::-1]   # same questions, another order
+    d, lo, hi = rlpr_training.heldout_difference(better, base, seed=0)
+    assert d == 0.5 and lo <= d <= hi
+    rows = pd.DataFrame({"step": [0, 1], "wall_s": [1.0, 2.0], "train_correct": [0.2, 0.4], "grad_norm": [1.0, 3.0],
+                         "update_std_mean": [0.1, 0.3], "threshold": [None, 0.2], "ema": [None, 0.4],
+                         "fraction_filtered": [0.0, 0.5], "rollouts": [1, 2]})
+    summary = rlpr_training.training_summary({"rlpr": (rows, better)}, base, seed=0)
+    assert summary["base (no training)"]["heldout_accuracy"] == 0.25 and summary["rlpr"]["heldout_accuracy"] == 0.75
+    assert summary["rlpr"]["vs_base"]["difference"] == 0.5 and summary["rlpr"]["train_wall_s"] == 3.0
+    assert summary["rlpr"]["grad_norm_cv"] == pytest.approx(np.std([1.0, 3.0], ddof=1) / 2.0)
+    filt = rlpr_training.filter_summary({"rlpr": rows}, beta=0.5, warmup=(0, 1))
+    assert filt["final_threshold"] == pytest.approx(0.2) and filt["fraction_filtered"] == 0.5
+    assert filt["threshold_by_step"] == [None, 0.2] and rlpr_training.filter_summary({}, 0.5, (0, 1))["fraction_filtered"] is None

@@ -1,0 +1,169 @@
+"""The workbook's statistics (replication.stats) and its one verdict rule (replication.verdicts) on known cases."""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from replication import stats, verdicts
+
+# ---- proportions -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k, n", [(7, 10), (0, 12), (12, 12), (31, 200)])
+def test_wilson_interval_matches_the_formula(k, n):
+    z = st.norm.ppf(0.975)
+    p = k / n
+    centre = (p + z**2 / (2 * n)) / (1 + z**2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z**2 / (4 * n**2)) / (1 + z**2 / n)
+    est, lo, hi = stats.proportion_ci(k, n)
+    assert est == p and lo == pytest.approx(centre - half, abs=1e-12) and hi == pytest.approx(centre + half, abs=1e-12)
+    assert -1e-12 <= lo <= p + 1e-12 and p - 1e-12 <= hi <= 1 + 1e-12
+
+
+def test_proportion_needs_items():
+    with pytest.raises(ValueError, match="n=0"):
+        stats.proportion_ci(0, 0)
+
+
+# ---- the bootstrap -------------------------------------------------------------------------------------
+
+def test_paired_bootstrap_on_a_constant_difference():
+    a, b = np.full(30, 0.75), np.full(30, 0.25)
+    assert stats.paired_bootstrap(a, b, n_boot=200) == (0.5, 0.5, 0.5)
+
+
+def test_paired_bootstrap_resamples_whole_groups():
+    # two groups (e.g. questions): every difference in one is 1, in the other 0. Resampling the groups gives
+    # means 0, 0.5 or 1 (1/4, 1/2, 1/4), so the 95% interval is exactly [0, 1]; resampling rows is too sure.
+    a = np.array([1, 1, 1, 1, 0, 0, 0, 0], float)
+    b = np.zeros(8)
+    groups = ["q1"] * 4 + ["q2"] * 4
+    est, lo, hi = stats.paired_bootstrap(a, b, n_boot=4000, seed=1, groups=groups)
+    assert (est, lo, hi) == (0.5, 0.0, 1.0)
+    _, lo_rows, hi_rows = stats.paired_bootstrap(a, b, n_boot=4000, seed=1)
+    assert 0.0 < lo_rows and hi_rows < 1.0
+
+
+def test_paired_bootstrap_is_a_difference_with_a_sound_interval():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(1.0, 1.0, 400), rng.normal(0.8, 1.0, 400)
+    est, lo, hi = stats.paired_bootstrap(a, b, n_boot=2000, seed=0)
+    assert est == pytest.approx(a.mean() - b.mean())
+    se = np.std(a - b, ddof=1) / np.sqrt(len(a))
+    assert lo == pytest.approx(est - 1.96 * se, abs=0.3 * se) and hi == pytest.approx(est + 1.96 * se, abs=0.3 * se)
+    assert stats.paired_bootstrap(a, b, n_boot=300, seed=5) == stats.paired_bootstrap(a, b, n_boot=300, seed=5)
+
+
+def test_paired_bootstrap_needs_paired_outcomes():
+    with pytest.raises(ValueError, match="equally long"):
+        stats.paired_bootstrap([1, 0], [1])
+
+
+def test_fmt_diff():
+    assert stats.fmt_diff((0.031, -0.012, 0.075)) == "+0.031 [-0.012, +0.075]"
+
+
+# ---- AUC -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auc_equals_mann_whitney(seed):
+    rng = np.random.default_rng(seed)
+    labels = rng.random(60) < 0.4
+    scores = np.round(rng.normal(labels * 0.7, 1.0), 1)  # rounded, so there are ties
+    u = st.mannwhitneyu(scores[labels], scores[~labels]).statistic
+    assert stats.auc(scores, labels) == pytest.approx(u / (labels.sum() * (~labels).sum()))
+
+
+def test_auc_edge_cases():
+    assert stats.auc([0.1, 0.9], [0, 1]) == 1.0 and stats.auc([0.5, 0.5], [0, 1]) == 0.5
+    assert math.isnan(stats.auc([0.1, 0.2], [1, 1]))
+
+
+# ---- paired 0/1 outcomes and judges --------------------------------------------------------------------
+
+def test_mcnemar_counts_discordant_pairs():
+    before = [0] * 8 + [1] + [1] * 5 + [0] * 6
+    after = [1] * 8 + [0] + [1] * 5 + [0] * 6
+    out = stats.mcnemar(before, after)
+    assert out["gained"] == 8 and out["lost"] == 1
+    assert out["p_value"] == pytest.approx(2 * (1 + 9) / 2**9)  # exact two-sided binomial on 9 discordant pairs
+    assert out["change"] == pytest.approx(7 / 20)
+    assert stats.mcnemar([1, 0], [1, 0])["p_value"] == 1.0
+    with pytest.raises(ValueError, match="equally long"):
+        stats.mcnemar([1, 0], [1])
+
+
+def test_agreement_on_a_known_case():
+    out = stats.agreement([0.9, 0.2, 0.7, 0.4], [1, 0, 0, 1], cut=0.5)
+    assert out["n"] == 4 and out["agreement"] == 0.5 and out["majority_baseline"] == 0.5
+    assert out["says_correct_rate"] == 0.5 and out["auc"] == 0.75
+    assert out["ci95"] == pytest.approx(list(stats.proportion_ci(2, 4)[1:]))
+
+
+# ---- the verdict rule ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("interval, kw, expected", [
+    ((0.1, 0.3), {}, "reproduced"),                                 # excludes no effect, paper's direction
+    ((-0.3, -0.1), {}, "not reproduced"),                           # below no effect
+    ((-0.2, 0.0), {}, "not reproduced"),                            # at or below no effect
+    ((-0.1, 0.5), {"effect": 0.3}, "inconclusive"),                 # holds 0 and the paper's effect
+    ((-0.1, 0.5), {}, "inconclusive"),
+    ((-0.1, 0.2), {"effect": 0.3}, "not reproduced"),               # reliably smaller than the paper's effect
+    ((0.05, 0.2), {"effect": 0.3}, "reproduced"),                   # the direction holds: the rule asks no more
+    ((-0.3, -0.1), {"direction": -1}, "reproduced"),                # the paper reports a decrease
+    ((0.1, 0.3), {"direction": -1}, "not reproduced"),
+    ((-0.5, 0.1), {"direction": -1, "effect": 0.3}, "inconclusive"),
+    ((-0.2, 0.1), {"direction": -1, "effect": 0.3}, "not reproduced"),
+    ((1.2, 2.0), {"null": 1.0}, "reproduced"),                      # a ratio above 1
+    ((0.5, math.inf), {"null": 1.0}, "inconclusive"),               # infinite bounds are fine
+    ((0.2, 0.9), {"null": 1.0}, "not reproduced"),
+])
+def test_verdict_from_an_interval(interval, kw, expected):
+    assert verdicts.verdict(interval=interval, **kw) == expected
+    assert verdicts.from_interval(*interval, **kw) == expected
+
+
+@pytest.mark.parametrize("bad", [(0.3, 0.1), (math.nan, 1.0)])
+def test_bad_interval_is_named(bad):
+    with pytest.raises(ValueError, match="low <= high"):
+        verdicts.verdict(interval=bad)
+
+
+def test_direction_must_be_a_sign():
+    with pytest.raises(ValueError, match="direction"):
+        verdicts.verdict(interval=(0.1, 0.2), direction=2)
+
+
+def test_verdict_from_matches():
+    assert verdicts.verdict(matches=([7.80, 5.79], [7.85, 5.80], 0.06)) == "reproduced"
+    assert verdicts.verdict(matches=([7.80, 5.79], [7.85, 5.80], 0.04)) == "not reproduced"
+    assert verdicts.verdict(matches=([7.80, 5.79], [7.85, 5.80], [0.06, 0.02])) == "reproduced"  # per value
+    assert verdicts.verdict(matches=(35.71, 35.65, 0.05)) == "not reproduced"
+    with pytest.raises(ValueError, match="one to one"):
+        verdicts.verdict(matches=([1.0, 2.0], [1.0], 0.1))
+
+
+def test_verdict_from_holds_and_not_tested():
+    assert verdicts.verdict(holds=True) == "reproduced" and verdicts.verdict(holds=False) == "not reproduced"
+    assert verdicts.verdict(not_tested="needs a 14B judge") == "not tested"
+    with pytest.raises(ValueError, match="say why"):
+        verdicts.verdict(not_tested=" ")
+
+
+def test_verdict_from_parts():
+    assert verdicts.verdict(parts={"a": "reproduced", "b": "reproduced"}) == "reproduced"
+    assert verdicts.verdict(parts={"a": "inconclusive", "b": "inconclusive"}) == "inconclusive"
+    assert verdicts.verdict(parts={"a": "reproduced", "b": "inconclusive"}) == "partly"
+    assert verdicts.verdict(parts={"a": "reproduced", "b": "not reproduced"}) == "partly"
+    with pytest.raises(ValueError, match="choose one of"):
+        verdicts.verdict(parts={"a": "sort of"})
+    with pytest.raises(ValueError, match="at least one part"):
+        verdicts.from_parts({})
+
+
+@pytest.mark.parametrize("kw", [{}, {"interval": (0.1, 0.2), "holds": True},
+                                {"matches": (1.0, 1.0, 0.1), "parts": {"a": "reproduced"}}])
+def test_exactly_one_basis(kw):
+    with pytest.raises(ValueError, match="exactly one basis"):
+        verdicts.verdict(**kw)
