@@ -181,8 +181,8 @@ def parse_judgment(text: str, item: dict, correct_first: bool = True):
 
 # --- protocols ----------------------------------------------------------------------------------------------
 def generation_seed(seed: int, round_: int) -> int:
-    """The sampling seed of one round, from config.derive_seed (kept to 32 bits: models.generate multiplies it)."""
-    return config.derive_seed(seed, "debate-round", round_) % 2**32
+    """The sampling seed of one round (config.derive_seed)."""
+    return config.derive_seed(seed, "debate-round", round_)
 
 
 def argue(model, tok, prompts, word_limit: int, best_of: int, temperature: float, seed: int, batch_size: int,

@@ -116,9 +116,8 @@ def build_pool(model, tok, problems, specs, max_new_tokens: int = 48, seed: int 
     for t in sorted({s.temperature for s in specs}):
         n = max(s.best_of for s in specs if s.temperature == t)
         config.check_int("best_of", n)
-        # models.generate multiplies its seed by a constant for torch, so the derived seed is kept to 32 bits
         gen = models.generate(model, tok, prompts, max_new_tokens, temperature=t, repeats=n, progress=progress,
-                              seed=config.derive_seed(seed, "pool", t) % 2**32)
+                              seed=config.derive_seed(seed, "pool", t))
         candidates[t] = [gen.texts[j * n:(j + 1) * n] for j in range(len(problems))]
     best = lambda c, answer: c[int(np.argmax([quality(r, answer) for r in c]))]  # noqa: E731  (first of the best)
     return {s.name: [best(c[:s.best_of], p.answer) for c, p in zip(candidates[s.temperature], problems)] for s in specs}

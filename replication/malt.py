@@ -56,11 +56,6 @@ def use_role(model, role):
             yield model
 
 
-def role_seed(seed: int, *parts) -> int:
-    """config.derive_seed(seed, *parts) cut to 32 bits: models.generate scales its seed per batch."""
-    return config.derive_seed(seed, *parts) % 2**32
-
-
 def _generate(model, tok, prompts, role, max_new_tokens, temperature, seed, batch_size, repeats=1):
     with use_role(model, role):
         return models.generate(model, tok, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -76,11 +71,11 @@ def sample_trees(model, tok, problems, n=3, tokens=(48, 32, 48), temperature=0.7
     role = (lambda r: r) if trained else (lambda r: None)
     Q, qs = len(problems), [p.question for p in problems]
     g = _generate(model, tok, [generator_prompt(q) for q in qs], role("generator"),
-                  tokens[0], temperature, role_seed(seed, "tree", "generator"), batch_size, n)      # q*n + j
+                  tokens[0], temperature, config.derive_seed(seed, "tree", "generator"), batch_size, n)      # q*n + j
     v = _generate(model, tok, [verifier_prompt(qs[i // n], g[i]) for i in range(Q * n)], role("verifier"),
-                  tokens[1], temperature, role_seed(seed, "tree", "verifier"), batch_size, n)       # (q*n + j)*n + k
+                  tokens[1], temperature, config.derive_seed(seed, "tree", "verifier"), batch_size, n)       # (q*n + j)*n + k
     r = _generate(model, tok, [refiner_prompt(qs[i // n**2], g[i // n], v[i]) for i in range(Q * n * n)],
-                  role("refiner"), tokens[2], temperature, role_seed(seed, "tree", "refiner"), batch_size, n)
+                  role("refiner"), tokens[2], temperature, config.derive_seed(seed, "tree", "refiner"), batch_size, n)
     reward = [int(tasks.verify(t, problems[i // n**3].answer)) for i, t in enumerate(r)]
     return {"n": n, "questions": qs, "answers": [p.answer for p in problems], "g": g, "v": v, "r": r,
             "reward": reward}
@@ -244,15 +239,15 @@ def run_chains(model, tok, problems, k=1, trained=False, tokens=(48, 32, 48), te
     qs = [problems[i].question for i, _ in items]
     if g is None:
         g = _generate(model, tok, [generator_prompt(p.question) for p in problems], role("generator"), tokens[0],
-                      temperature, role_seed(seed, "chains", "generator"), batch_size, k)
+                      temperature, config.derive_seed(seed, "chains", "generator"), batch_size, k)
     elif len(g) != len(items):
         raise ValueError(f"g has {len(g)} replies; give one per chain ({len(problems)} problems x k = {k})")
     v = r = [None] * len(items)
     if not generator_only:
         v = _generate(model, tok, [verifier_prompt(q, x) for q, x in zip(qs, g)], role("verifier"), tokens[1],
-                      temperature, role_seed(seed, "chains", "verifier"), batch_size)
+                      temperature, config.derive_seed(seed, "chains", "verifier"), batch_size)
         r = _generate(model, tok, [refiner_prompt(q, x, y) for q, x, y in zip(qs, g, v)], role("refiner"),
-                      tokens[2], temperature, role_seed(seed, "chains", "refiner"), batch_size)
+                      tokens[2], temperature, config.derive_seed(seed, "chains", "refiner"), batch_size)
     rows = []
     for (i, c), x, y, z in zip(items, g, v, r):
         truth, final = problems[i].answer, (x if generator_only else z)
