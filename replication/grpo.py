@@ -26,7 +26,9 @@ class GRPOConfig:
     num_generations: int = 8          # G samples per prompt
     max_new_tokens: int = 48
     temperature: float = 1.0
-    top_p: float = 1.0
+    top_p: float = 1.0                # nucleus sampling in the rollout (1.0: off)
+    top_k: int = 0                    # keep the k most likely tokens (0: off)
+    min_p: float = 0.0                # drop tokens below min_p x the top probability (0: off)
     lr: float = 1e-5
     weight_decay: float = 0.0
     beta: float = 0.04                # KL coefficient
@@ -59,6 +61,9 @@ class GRPOConfig:
                 raise ValueError(f"{name}={v!r} is not allowed; it must lie in (0, 1)")
         config.check_choice("loss_type", self.loss_type, LOSS_TYPES)
         config.check_range("temperature", self.temperature, 1e-6, 10.0)
+        config.check_range("top_p", self.top_p, 1e-6, 1.0)
+        config.check_int("top_k", self.top_k, minimum=0)
+        config.check_range("min_p", self.min_p, 0.0, 1.0)
         config.check_range("lr", self.lr, 0.0, 1.0)
         return self
 
@@ -149,9 +154,10 @@ class GRPOTrainer:
         texts = models.chat_prompts(self.tok, prompts, cfg.system)
         rep = lambda xs: [x for x in xs for _ in range(G)]  # noqa: E731
         self.model.eval()
-        with self.timer("generation"):
-            p_ids, p_mask, c_ids, c_mask = models.sample(self.model, self.tok, rep(texts), cfg.max_new_tokens,
-                                                           cfg.temperature, cfg.top_p)
+        with self.timer("generation"):  # G samples per prompt from one shared prefill
+            p_ids, p_mask, c_ids, c_mask = models.sample(self.model, self.tok, texts, cfg.max_new_tokens,
+                                                           cfg.temperature, cfg.top_p, repeats=G, top_k=cfg.top_k,
+                                                           min_p=cfg.min_p)
         completions = [self.tok.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(c_ids, c_mask)]
         rec = Recorder(len(completions))
         with self.timer("reward"):
@@ -196,15 +202,19 @@ class GRPOTrainer:
         return merged.select(range(min(len(merged), groups * merged.group_size))), made
 
     def _logps(self, batch: Rollout, rows=slice(None)):
-        """Completion log-probs of the batch's rows under the model as it is now."""
-        return training.completion_logps(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
-                                         batch.completion_ids[rows], batch.completion_mask[rows], self.cfg.temperature)
+        """Completion log-probs of the batch's rows (whole groups) under the model as it is now; each group's
+        prompt is encoded once (training.grouped_logps)."""
+        return training.grouped_logps(self.model, batch.prompt_ids[rows], batch.prompt_mask[rows],
+                                      batch.completion_ids[rows], batch.completion_mask[rows], batch.group_size,
+                                      self.cfg.temperature)
 
     def update(self, batch: Rollout) -> dict:
         """num_iterations optimizer steps on one generation batch, each over grad_accum_steps micro-batches."""
         cfg = self.cfg
         self.model.train()
-        chunks = torch.arange(len(batch)).chunk(cfg.grad_accum_steps)
+        G = batch.group_size  # micro-batches hold whole groups, so each prompt is encoded once
+        chunks = [(g[:, None] * G + torch.arange(G)).reshape(-1)
+                  for g in torch.arange(len(batch) // G).chunk(cfg.grad_accum_steps)]
         out = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
         for _ in range(cfg.num_iterations):
             for rows in chunks:

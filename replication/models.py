@@ -180,7 +180,8 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(1) - 1).clamp(min=0)
 
 
-def sample(model, tok, texts, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, repeats: int = 1):
+def sample(model, tok, texts, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, repeats: int = 1,
+           top_k: int = 0, min_p: float = 0.0):
     """`repeats` completions per (already templated) text, text-major: prompt ids and mask, completion ids and mask.
 
     With repeats > 1 each prompt is prefilled once and its KV cache copied for the repeats: on a CPU the prefill
@@ -190,8 +191,9 @@ def sample(model, tok, texts, max_new_tokens: int, temperature: float = 1.0, top
     enc = tok(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
     ids, mask = enc["input_ids"], enc["attention_mask"]
     do_sample = temperature > 0
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, top_k=None,
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, top_k=(top_k or None) if do_sample else None,
                            temperature=temperature if do_sample else None, top_p=top_p if do_sample else None,
+                           min_p=(min_p or None) if do_sample else None,
                            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     extra = {}
     with torch.no_grad():

@@ -123,3 +123,70 @@ td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}</style></head>
 {rows}</table></body></html>
 """
     return files.write_text(paths.report / "index.html", page)
+
+
+# ---- figure digests: which figures a run changed, and why ------------------------------------------
+
+# Figures that plot wall-clock measurements: they change on every run, and that is expected.
+TIMED_FIGURES = ("00b_generation_throughput",)
+REASONS = {"notebook": "code (the notebook)", "package": "code (the package)", "params": "parameters",
+           "data": "data (data/)"}
+
+
+def digests_path(profile: str) -> Path:
+    """digests.json beside the index: figures/digests.json for the default profile."""
+    return config.figures_dir(profile) / "digests.json"
+
+
+def file_sha256(path) -> str:
+    """Full sha256 of a file's bytes."""
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def why_changed(before: dict, parts: dict) -> list:
+    """The stamp parts (notebook, params, package, data) that differ from the run recorded before."""
+    return [REASONS.get(k, k) for k in parts if before.get(k) != parts[k]]
+
+
+def record_digests(profile: str, stem: str, parts: dict, stamp: str, names, log=print) -> dict:
+    """Store the sha256 of each figure file a notebook wrote, with the stamp parts of the run that wrote it,
+    in digests.json (one entry per notebook; the others are kept), and log each figure whose digest changed
+    since the recorded run with the reason: the code (notebook or package), the parameters, data/, or none
+    of them. None of them is a determinism bug, logged loudly. Returns {figure file: reason}."""
+    path = digests_path(profile)
+    book = files.read_json(path) if path.is_file() else {}
+    entries = book.get("notebooks", {})
+    old = entries.get(stem)
+    new = {n: file_sha256(config.figures_dir(profile) / n) for n in sorted(names)}
+    changed = {}
+    if old is not None:
+        causes = why_changed(old.get("parts", {}), parts)
+        for name, sha in new.items():
+            was = old["figures"].get(name)
+            if was == sha:
+                continue
+            if was is None:
+                changed[name] = "new figure"
+            elif causes:
+                changed[name] = "changed: " + ", ".join(causes)
+            elif Path(name).stem in TIMED_FIGURES:
+                changed[name] = "changed: it plots measured timings (expected)"
+            else:
+                changed[name] = "DETERMINISM BUG"
+        changed.update({n: "no longer written" for n in old["figures"] if n not in new})
+    for name, why in changed.items():
+        if why == "DETERMINISM BUG":
+            log(f"[{stem}] DETERMINISM BUG: {name} changed although the notebook, its parameters, the package and "
+                f"data/ did not: unseeded randomness, a cache entry made by older code, or another machine / thread count")
+        else:
+            log(f"[{stem}] figure {name}: {why}")
+    if old is not None and not changed:
+        log(f"[{stem}] all {len(new)} figure files identical to the recorded run")
+    entries[stem] = {"stamp": stamp, "parts": dict(parts), "figures": new}
+    files.write_json(path, {"about": "sha256 of each figure file and the stamp parts (digests of the notebook, its "
+                                     "parameters, the package source and data/) of the run that wrote it; written "
+                                     "by python -m replication run",
+                            "notebooks": dict(sorted(entries.items()))})
+    return changed

@@ -46,9 +46,22 @@ def package_digest() -> str:
     return files.digest(__version__, *[p.read_bytes() for p in srcs])
 
 
+def data_digest() -> str:
+    """Hash of data/ (the papers' numbers and the generated datasets the notebooks read)."""
+    data = config.ROOT / "data"
+    srcs = sorted(p for p in data.rglob("*") if p.is_file()) if data.is_dir() else []
+    return files.digest(*[x for p in srcs for x in (str(p.relative_to(data)), p.read_bytes())])
+
+
 def stamp(stem: str, params: dict, folder: Path = NOTEBOOKS) -> str:
     """Identity of one execution: the notebook, its parameters and the package."""
     return files.digest((Path(folder) / f"{stem}.ipynb").read_bytes(), params, package_digest())
+
+
+def stamp_parts(stem: str, params: dict, folder: Path = NOTEBOOKS) -> dict:
+    """The stamp's parts one by one (and data/), kept beside the figure digests to say why a figure changed."""
+    return {"notebook": files.digest((Path(folder) / f"{stem}.ipynb").read_bytes()), "params": files.digest(params),
+            "package": package_digest(), "data": data_digest()}
 
 
 def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = False, log=print) -> str:
@@ -64,6 +77,7 @@ def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = Fal
     partial = paths.notebooks / f"{stem}.partial.ipynb"
     metrics = paths.metrics / f"{stem}.json"
     log(f"[{stem}] executing with profile {profile!r}: {json.dumps(params)}")
+    parts = stamp_parts(stem, params, folder)
     t0 = time.time()
     try:
         pm.execute_notebook(str(Path(folder) / f"{stem}.ipynb"), str(partial), parameters=params,
@@ -78,6 +92,8 @@ def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = Fal
         raise RunError(f"{stem} ran but wrote no metrics; end it with run.finish() | notebook: {partial}")
     partial.replace(paths.executed(stem))
     files.write_json(paths.state / f"{stem}.json", {"stamp": key, "params": params, "seconds": round(time.time() - t0, 1)})
+    written = [name for f in files.read_json(metrics)["figures"] for name in f["files"]]
+    report_mod.record_digests(profile, stem, parts, key, written, log)
     log(f"[{stem}] done in {time.time() - t0:.0f} s")
     return "executed"
 

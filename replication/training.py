@@ -8,6 +8,17 @@ from . import models
 from .loop import trainable
 
 
+def token_logps(logits, ids, temperature: float = 1.0, chunk: int = 8):
+    """log softmax(logits / temperature) at ids, shape (B, T), a few rows at a time so that no second
+    full-vocabulary copy of the logits (scaled, or their softmax) is held at once."""
+    out = []
+    for lg, ix in zip(logits.split(chunk), ids.split(chunk)):
+        if temperature != 1.0:
+            lg = lg / temperature
+        out.append(lg.gather(-1, ix.unsqueeze(-1)).squeeze(-1) - lg.logsumexp(-1))
+    return torch.cat(out)
+
+
 def completion_logps(model, prompt_ids, prompt_mask, completion_ids, mask, temperature: float = 1.0):
     """Per-token log-probs of the completion tokens only, shape (B, T); logits for prompt positions are skipped."""
     input_ids = torch.cat([prompt_ids, completion_ids], 1)
@@ -16,8 +27,29 @@ def completion_logps(model, prompt_ids, prompt_mask, completion_ids, mask, tempe
     T = completion_ids.shape[1]
     logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                    logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # (B, T, V)
-    logits = logits / temperature
-    return logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+    return token_logps(logits, completion_ids, temperature)
+
+
+def grouped_logps(model, prompt_ids, prompt_mask, completion_ids, mask, group_size: int, temperature: float = 1.0):
+    """completion_logps for rows that come in groups of `group_size` sharing one prompt (GRPO's G samples):
+    each prompt is encoded once, its keys and values repeated for the group's completions, with the gradient
+    flowing back through them into the prompt's pass. Same result as completion_logps up to rounding."""
+    G, B, T = group_size, completion_ids.shape[0], completion_ids.shape[1]
+    if G == 1 or B % G:
+        return completion_logps(model, prompt_ids, prompt_mask, completion_ids, mask, temperature)
+    p_ids, p_mask = prompt_ids[::G], prompt_mask[::G]                        # (B / G, P)
+    out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=models.position_ids(p_mask),
+                use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(G)                                         # (B, heads, P, d) per layer
+    first = out.logits[:, -1:].repeat_interleave(G, 0)                       # predicts completion token 0
+    if T == 1:
+        return token_logps(first, completion_ids, temperature)
+    attention = torch.cat([prompt_mask, mask[:, :-1]], 1)
+    positions = (p_mask.sum(1).repeat_interleave(G)[:, None] + torch.arange(T - 1)[None, :])
+    rest = model(input_ids=completion_ids[:, :-1], attention_mask=attention, position_ids=positions,
+                 past_key_values=cache, use_cache=True).logits                # predicts tokens 1..T-1
+    return token_logps(torch.cat([first, rest], 1), completion_ids, temperature)
 
 
 def optimizer_step(model, optimizer, max_grad_norm: float) -> float:

@@ -110,3 +110,44 @@ def test_dpo_reference_choice_is_checked():
     model = models.add_lora(model, r=4, alpha=8)
     with pytest.raises(ValueError, match="reference"):
         dpo.train_dpo(model, tok, [("p", "a", "b")], dpo.PreferenceConfig(), progress=False, reference="sft")
+
+
+def test_prompt_sharing_gives_the_plain_loss_and_gradient():
+    """grouped_logps encodes each prompt once for its G completions: same GRPO loss and LoRA gradient (fp32, 1e-5)."""
+    torch.manual_seed(0)
+    model, tok = models.tiny_model(seed=0)
+    model = models.add_lora(model, r=4, alpha=8)
+    for p in training.trainable(model).values():
+        torch.nn.init.normal_(p, std=0.05)
+    texts = models.chat_prompts(tok, ["hello there", "a much longer prompt than the others", "x"])
+    p_ids, p_mask, c_ids, c_mask = models.sample(model, tok, texts, 10, 1.0, repeats=4)
+    c_mask[1, 3:] = 0  # replies of different lengths, as after an early EOS
+    c_mask[6, 1:] = 0
+    adv = torch.randn(len(c_ids))
+
+    def loss_and_grad(fn):
+        model.zero_grad()
+        logps = fn(model, p_ids, p_mask, c_ids, c_mask)
+        loss, _ = grpo.grpo_loss(logps, logps.detach(), logps.detach() - 0.1, adv, c_mask, beta=0.04)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in training.trainable(model).items()}
+
+    plain = loss_and_grad(lambda *a: training.completion_logps(*a, temperature=0.7))
+    shared = loss_and_grad(lambda *a: training.grouped_logps(*a, group_size=4, temperature=0.7))
+    assert torch.allclose(plain[0], shared[0], atol=1e-5)
+    assert all(torch.allclose(plain[1][k], shared[1][k], atol=1e-5) for k in plain[1])
+    assert max(g.abs().max() for g in plain[1].values()) > 1e-3  # the gradient is not trivially zero
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"top_p": 0.0}, "top_p=0.0"), ({"top_k": -1}, "top_k=-1"), ({"min_p": 1.5}, "min_p=1.5"),
+])
+def test_sampling_options_are_checked(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        grpo.GRPOConfig(**overrides).validate()
+
+
+def test_rollout_sampling_options_run_and_zero_gradient_groups_are_counted():
+    trainer = make_trainer(top_p=0.9, top_k=20, min_p=0.05, temperature=0.7)
+    row = trainer.step(PROMPTS, step=0)
+    assert 0.0 <= row["zero_std_frac"] <= 1.0 and row["completion_len"] > 0

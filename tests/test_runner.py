@@ -114,3 +114,40 @@ def test_dead_kernel_gives_one_line_and_keeps_earlier_outputs(book, runs):
     with pytest.raises(runner.RunError, match=r"02_second stopped \(DeadKernelError.*rerun to resume"):
         runner.run("default", folder=book, report=False, log=lambda *_: None)
     assert runner.run("default", only="01", folder=book, report=False, log=lambda *_: None) == {"01_first": "skipped"}
+
+
+def test_figure_digests_say_which_figures_changed_and_why(book, runs, tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "package_digest", lambda: "package")  # others may edit the package meanwhile
+    monkeypatch.setattr(runner, "data_digest", lambda: "data")
+    logs = []
+
+    def rerun(**kw):
+        logs.clear()
+        runner.run("default", folder=book, report=False, log=logs.append, **kw)
+        return [line for line in logs if "figure" in line or "DETERMINISM" in line]
+
+    rerun()
+    digests = json.loads((tmp_path / "figures/digests.json").read_text())
+    entry = digests["notebooks"]["01_first"]
+    assert set(entry["parts"]) == {"notebook", "params", "package", "data"} and entry["stamp"]
+    assert entry["figures"] == {n: report.file_sha256(tmp_path / "figures" / n) for n in ("01a_line.pdf", "01a_line.png")}
+    # the same notebook, parameters and package: byte-identical figures, said in one line per notebook
+    assert rerun(force=True) == [f"[{s}] all 2 figure files identical to the recorded run" for s in ("01_first", "02_second")]
+    # a parameter change re-executes and is named as the reason; the other notebook's digests are kept
+    (book / "params/01_first.json").write_text(json.dumps({"default": {"seed": 1, "n": 6}}))
+    assert rerun(only="01") == [f"[01_first] figure 01a_line.{x}: changed: parameters" for x in ("pdf", "png")]
+    assert set(json.loads((tmp_path / "figures/digests.json").read_text())["notebooks"]) == {"01_first", "02_second"}
+    # unseeded randomness: first a code change (the notebook), then the same stamp gives other bytes
+    nb = nbformat.read(book / "02_second.ipynb", as_version=4)
+    nb.cells[1].source = nb.cells[1].source.replace(
+        "plt.plot(range(n))", "import numpy as np\nplt.plot(np.random.default_rng().random(n))")
+    nbformat.write(nb, book / "02_second.ipynb")
+    assert rerun(only="02") == [f"[02_second] figure 02a_line.{x}: changed: code (the notebook)" for x in ("pdf", "png")]
+    bugs = rerun(only="02", force=True)
+    assert len(bugs) == 2 and all(line.startswith("[02_second] DETERMINISM BUG: 02a_line.") for line in bugs), bugs
+    monkeypatch.setattr(report, "TIMED_FIGURES", ("02a_line",))  # a figure of timings may change: no alarm
+    assert rerun(only="02", force=True) == [f"[02_second] figure 02a_line.{x}: changed: it plots measured timings (expected)"
+                                            for x in ("pdf", "png")]
+    parts = entry["parts"]
+    assert report.why_changed(parts, {**parts, "package": "other"}) == ["code (the package)"]
+    assert report.why_changed(parts, {**parts, "data": "other", "notebook": "x"}) == ["code (the notebook)", "data (data/)"]
