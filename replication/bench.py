@@ -1,8 +1,14 @@
 """Benchmark (not a test): one full GRPO step, our trainer vs TRL's GRPOTrainer, on the same config.
 
-    python -m replication bench grpo [--reps 3] [--model smollm2-135m-instruct]
+    python -m replication bench grpo [--reps 3] [--config benchmark|workbook|both] [--json out.json]
+
+Each trainer runs in a fresh process (so its peak resident memory is its own), one warm-up step then `reps`
+timed steps, fp32 (the fastest setting of both on this CPU: bf16 autocast measured slower here).
 """
 import argparse
+import json
+import multiprocessing
+import resource
 import statistics
 import tempfile
 import time
@@ -11,11 +17,15 @@ import torch
 
 from . import grpo, models, tasks
 
-PROMPTS = 4
-G = 8
-MAX_NEW_TOKENS = 48
-BETA = 0.04
 LORA_R = 16
+CONFIGS = {
+    # the benchmark config: long sampled replies, a cheap reward, KL on
+    "benchmark": {"level": "2d-1step-add", "prompts": 4, "G": 8, "max_new_tokens": 48, "beta": 0.04,
+                  "temperature": 1.0, "top_p": 1.0, "reward": "length"},
+    # the workbook's real runs: short replies at the notebooks' rollout temperature, the exact verifier
+    "workbook": {"level": "1d-1step-add", "prompts": 4, "G": 8, "max_new_tokens": 32, "beta": 0.0,
+                 "temperature": 0.7, "top_p": 1.0, "reward": "verifier"},
+}
 
 
 def matmul_peak(n: int = 1024, reps: int = 10) -> float:
@@ -30,32 +40,53 @@ def matmul_peak(n: int = 1024, reps: int = 10) -> float:
     return 2 * n**3 / best
 
 
-def length_reward(completions):
-    """A cheap deterministic reward (shorter is better) so reward time does not matter."""
-    return [1.0 / (1.0 + len(c)) for c in completions]
+def reward_fn(kind: str):
+    """length: shorter is better (cheap, always mixed); verifier: the exact verifier on the problem's answer."""
+    if kind == "length":
+        return lambda prompts, completions, metadata=None, **kw: [1.0 / (1.0 + len(c)) for c in completions]
+    return lambda prompts, completions, metadata, **kw: [float(tasks.verify(c, m["answer"])) for c, m in zip(completions, metadata)]
 
 
-def ours(model_name: str, prompts, reps: int) -> dict:
-    """Step times of replication.grpo on the benchmark config, with the split of the step."""
+def problems(cfg: dict):
+    return tasks.make_level(cfg["level"], cfg["prompts"], seed=0)
+
+
+def peak_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def ours(model_name: str, cfg: dict, reps: int) -> dict:
+    """Step times of replication.grpo, with the split of the step and the share of zero-gradient groups."""
+    torch.manual_seed(0)
     model, tok = models.load_model(model_name)
     model = models.add_lora(model, r=LORA_R, alpha=2 * LORA_R)
-    cfg = grpo.GRPOConfig(num_generations=G, max_new_tokens=MAX_NEW_TOKENS, beta=BETA, lr=1e-5, temperature=1.0)
-    trainer = grpo.GRPOTrainer(model, tok, lambda p, c, m, **log: length_reward(c), cfg)
-    n_params = sum(p.numel() for p in model.parameters())
+    gcfg = grpo.GRPOConfig(num_generations=cfg["G"], max_new_tokens=cfg["max_new_tokens"], beta=cfg["beta"], lr=1e-5,
+                           temperature=cfg["temperature"], top_p=cfg["top_p"])
+    trainer = grpo.GRPOTrainer(model, tok, reward_fn(cfg["reward"]), gcfg)
+    probs = problems(cfg)
+    prompts, meta = [p.prompt() for p in probs], [{"answer": p.answer} for p in probs]
     rows = []
     for step in range(reps + 1):  # the first step warms up and is not counted
         t0 = time.perf_counter()
-        row = trainer.step(prompts, step=step)
+        row = trainer.step(prompts, meta, step=step)
         row["step_s"] = time.perf_counter() - t0
         rows.append(row)
     rows = rows[1:]
-    return {"step_s": [r["step_s"] for r in rows], "tokens": [r["completion_len"] * len(prompts) * G for r in rows],
-            "split": {k: statistics.mean(r[f"{k}_s"] for r in rows) for k in ("generation", "scoring", "backward")},
-            "n_params": n_params, "seq_len": statistics.mean(r["completion_len"] for r in rows),
-            "prompt_len": max(len(tok(t, add_special_tokens=False)["input_ids"]) for t in models.chat_prompts(tok, prompts))}
+    n_prompt = max(len(tok(t, add_special_tokens=False)["input_ids"]) for t in models.chat_prompts(tok, prompts))
+    seq = statistics.mean(r["completion_len"] for r in rows)
+    # update FLOPs: forward (2N) + backward through the frozen weights (2N) per encoded token: each prompt once per
+    # group (prompt sharing) and every completion token; attention and LoRA terms ignored
+    tokens = cfg["prompts"] * n_prompt + cfg["prompts"] * cfg["G"] * seq
+    n_params = sum(p.numel() for p in model.parameters())
+    backward = statistics.mean(r["backward_s"] for r in rows)
+    return {"step_s": [r["step_s"] for r in rows], "seq_len": seq, "prompt_len": n_prompt,
+            "split": {k: statistics.mean(r.get(f"{k}_s", 0.0) for r in rows) for k in ("generation", "reward", "scoring", "backward")},
+            "completion_tokens": statistics.mean(r["completion_len"] * cfg["prompts"] * cfg["G"] for r in rows),
+            "zero_std_frac": statistics.mean(r["zero_std_frac"] for r in rows),
+            "update_flops": 4 * n_params * tokens / backward, "peak_gb": peak_gb()}
 
 
-def trl(model_name: str, prompts, reps: int) -> dict:
+def trl(model_name: str, cfg: dict, reps: int) -> dict:
     """Step times of TRL's GRPOTrainer on the same config (LoRA through peft_config)."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -63,7 +94,7 @@ def trl(model_name: str, prompts, reps: int) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     model, tok = models.load_model(model_name)
-    times, lengths = [], []
+    times, lengths, zero = [], [], []
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
@@ -75,51 +106,83 @@ def trl(model_name: str, prompts, reps: int) -> dict:
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
                 lengths.append(logs["completions/mean_length"])
+                zero.append(logs.get("frac_reward_zero_std", float("nan")))
 
-    ds = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in prompts] * (reps + 1)})
+    probs = problems(cfg)
+    ds = Dataset.from_dict({"prompt": [[{"role": "user", "content": p.prompt()}] for p in probs] * (reps + 1),
+                            "answer": [p.answer for p in probs] * (reps + 1)})
+    score = reward_fn(cfg["reward"])
     with tempfile.TemporaryDirectory() as out:
-        args = GRPOConfig(output_dir=out, per_device_train_batch_size=len(prompts) * G, num_generations=G,
-                          max_completion_length=MAX_NEW_TOKENS, beta=BETA, learning_rate=1e-5, temperature=1.0,
-                          loss_type="grpo", epsilon=0.2,
+        args = GRPOConfig(output_dir=out, per_device_train_batch_size=cfg["prompts"] * cfg["G"], num_generations=cfg["G"],
+                          max_completion_length=cfg["max_new_tokens"], beta=cfg["beta"], learning_rate=1e-5,
+                          temperature=cfg["temperature"], top_p=cfg["top_p"], loss_type="grpo", epsilon=0.2,
                           max_steps=reps + 1, logging_steps=1, report_to=[], use_cpu=True, bf16=False,
-                          save_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True)
-        lora = LoraConfig(r=LORA_R, lora_alpha=2 * LORA_R, target_modules=list(models.LORA_TARGETS),
-                          task_type="CAUSAL_LM")
-        reward = lambda completions, **kw: length_reward([c[0]["content"] for c in completions])  # noqa: E731
+                          save_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True, shuffle_dataset=False)
+        lora = LoraConfig(r=LORA_R, lora_alpha=2 * LORA_R, target_modules=list(models.LORA_TARGETS), task_type="CAUSAL_LM")
+        reward = lambda prompts, completions, answer, **kw: score(  # noqa: E731
+            prompts, [c[0]["content"] for c in completions], [{"answer": a} for a in answer])
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds,
                               processing_class=tok, peft_config=lora, callbacks=[Clock()])
         trainer.train()
-    return {"step_s": times[1:], "seq_len": statistics.mean(lengths[1:]) if len(lengths) > 1 else float("nan")}
+    return {"step_s": times[1:], "seq_len": statistics.mean(lengths[1:]) if len(lengths) > 1 else float("nan"),
+            "zero_std_frac": statistics.mean(zero[1:]) if len(zero) > 1 else float("nan"), "peak_gb": peak_gb()}
+
+
+def _child(args):
+    fn, model_name, cfg, reps, threads = args
+    torch.set_num_threads(threads)
+    return {"ours": ours, "trl": trl}[fn](model_name, cfg, reps)
+
+
+def isolated(fn: str, model_name: str, cfg: dict, reps: int) -> dict:
+    """Run one trainer's timing in a fresh process (its own peak memory, no state shared with the other)."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_child, ((fn, model_name, cfg, reps, torch.get_num_threads()),))
+
+
+def compare(name: str, model_name: str, reps: int, peak: float) -> dict:
+    cfg = CONFIGS[name]
+    a, b = isolated("ours", model_name, cfg, reps), isolated("trl", model_name, cfg, reps)
+    ours_s, trl_s = statistics.median(a["step_s"]), statistics.median(b["step_s"])
+    return {"config": name, "settings": cfg, "ours": a, "trl": b, "ours_median_s": ours_s, "trl_median_s": trl_s,
+            "ratio": trl_s / ours_s, "ours_tokens_per_s": a["completion_tokens"] / ours_s, "matmul_peak_flops": peak}
+
+
+def show(r: dict) -> None:
+    a, b, c = r["ours"], r["trl"], r["settings"]
+    print(f"\n### {r['config']}: {c['level']}, {c['prompts']} prompts x G={c['G']}, {c['max_new_tokens']} new tokens, "
+          f"T={c['temperature']}, top_p={c['top_p']}, beta={c['beta']}, reward: {c['reward']}, LoRA r={LORA_R}, fp32")
+    print("\n| trainer | median step (s) | steps (s) | mean completion length | zero-gradient groups | peak memory (GB) |")
+    print("|---|---|---|---|---|---|")
+    for label, x, med in (("replication.grpo", a, r["ours_median_s"]), ("TRL 1.16 GRPOTrainer", b, r["trl_median_s"])):
+        print(f"| {label} | {med:.1f} | {', '.join(f'{s:.1f}' for s in x['step_s'])} | {x['seq_len']:.1f} | "
+              f"{x['zero_std_frac']:.2f} | {x['peak_gb']:.1f} |")
+    print(f"\nratio (TRL step / our step): {r['ratio']:.2f}x")
+    print(f"our completion tokens/s (whole step): {r['ours_tokens_per_s']:.1f}")
+    print("our step split (s): " + ", ".join(f"{k} {v:.1f}" for k, v in a["split"].items()))
+    print(f"update achieved ~{a['update_flops'] / 1e9:.1f} GFLOP/s vs fp32 matmul peak {r['matmul_peak_flops'] / 1e9:.1f} "
+          f"GFLOP/s ({100 * a['update_flops'] / r['matmul_peak_flops']:.0f}%)")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m replication bench")
     ap.add_argument("what", choices=["grpo"])
     ap.add_argument("--reps", type=int, default=3, help="timed steps per trainer (after one warm-up step)")
+    ap.add_argument("--config", default="both", choices=[*CONFIGS, "both"])
     ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error(f"--reps {args.reps} is not allowed; it must be >= 1")
-    torch.manual_seed(0)
-    prompts = [p.prompt() for p in tasks.make_level("2d-1step-add", PROMPTS, seed=0)]
-    print(f"config: {PROMPTS} prompts x G={G}, {MAX_NEW_TOKENS} new tokens, beta={BETA}, LoRA r={LORA_R} "
-          f"(attention + MLP), fp32, {torch.get_num_threads()} threads, {args.reps} timed steps each")
+    print(f"{torch.get_num_threads()} threads, {args.reps} timed steps per trainer after one warm-up, "
+          f"each trainer in its own process")
     peak = matmul_peak()
-    a = ours(args.model, prompts, args.reps)
-    b = trl(args.model, prompts, args.reps)
-    ours_s, trl_s = statistics.median(a["step_s"]), statistics.median(b["step_s"])
-    tokens = statistics.mean(a["tokens"])
-    # update FLOPs: forward (2N) + backward through frozen weights (2N) per token of prompt + completion,
-    # ignoring attention and LoRA terms; the policy and reference scoring forwards are in 'scoring'.
-    seq_tokens = len(prompts) * G * (a["seq_len"] + a["prompt_len"])
-    update_flops = 4 * a["n_params"] * seq_tokens / a["split"]["backward"]
-    print("\n| trainer | median step (s) | steps (s) | mean completion length |")
-    print("|---|---|---|---|")
-    print(f"| replication.grpo | {ours_s:.1f} | {', '.join(f'{x:.1f}' for x in a['step_s'])} | {a['seq_len']:.1f} |")
-    print(f"| TRL 1.16 GRPOTrainer | {trl_s:.1f} | {', '.join(f'{x:.1f}' for x in b['step_s'])} | {b['seq_len']:.1f} |")
-    print(f"\nratio (TRL step / our step): {trl_s / ours_s:.2f}x")
-    print(f"our completion tokens/s (whole step): {tokens / ours_s:.1f}")
-    print("our step split (s): " + ", ".join(f"{k} {v:.1f}" for k, v in a["split"].items()))
-    print(f"update achieved ~{update_flops / 1e9:.1f} GFLOP/s vs matmul peak {peak / 1e9:.1f} GFLOP/s "
-          f"({100 * update_flops / peak:.0f}%)")
+    results = []
+    for name in (CONFIGS if args.config == "both" else [args.config]):
+        results.append(compare(name, args.model, args.reps, peak))
+        show(results[-1])
+    if args.json:
+        from . import files
+
+        files.write_json(args.json, {"date": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads(), "results": results})
     return 0

@@ -373,7 +373,7 @@ def train(model, tok, judge, problems, pool: dict, ratings, cfg: EvolveConfig, g
 def run_key(model_name: str, cfg: EvolveConfig, grpo_cfg, lora_r: int, pool: dict, ratings, extra: dict = None) -> dict:
     """What a training run depends on: for run.run_folder(name, run_key(...))."""
     return {"regime": asdict(cfg), "grpo": asdict(grpo_cfg), "model": str(model_name), "lora_r": lora_r,
-            "pool": files.digest(pool), "ratings": [float(r) for r in ratings], **(extra or {})}
+            "pool": files.digest(pool), "ratings": [float(r) for r in ratings], "lora_init": "evolve-lora", **(extra or {})}
 
 
 def train_and_evaluate(model_name: str, judge, problems, heldout, reference, pool: dict, ratings, cfg: EvolveConfig,
@@ -381,7 +381,10 @@ def train_and_evaluate(model_name: str, judge, problems, heldout, reference, poo
     """Train one regime on a fresh LoRA adapter in `folder` (run.run_folder) and judge it on the held-out
     problems through cache(name, key, make) (run.cached). Returns (step rows, evaluation summary with the
     steps and training seconds, evaluation rows)."""
+    import torch
+
     model, tok = models.load_model(model_name)
+    torch.manual_seed(config.derive_seed(grpo_cfg.seed, "evolve-lora"))  # the same adapter init for every regime
     model = models.add_lora(model, r=lora_r, alpha=2 * lora_r)
     rows = train(model, tok, judge, problems, pool, ratings, cfg, grpo_cfg, folder, progress)
     key = {"run": folder.path.name, "heldout": files.digest([p.id + "|" + p.question for p in heldout]),

@@ -130,7 +130,7 @@ td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}</style></head>
 # Figures that plot wall-clock measurements: they change on every run, and that is expected.
 TIMED_FIGURES = ("00b_generation_throughput",)
 REASONS = {"notebook": "code (the notebook)", "package": "code (the package)", "params": "parameters",
-           "data": "data (data/)"}
+           "data": "data (data/)", "machine": "the machine or its thread count"}
 
 
 def digests_path(profile: str) -> Path:
@@ -146,15 +146,16 @@ def file_sha256(path) -> str:
 
 
 def why_changed(before: dict, parts: dict) -> list:
-    """The stamp parts (notebook, params, package, data) that differ from the run recorded before."""
+    """The stamp parts (notebook, params, package, data, machine) that differ from the run recorded before."""
     return [REASONS.get(k, k) for k in parts if before.get(k) != parts[k]]
 
 
 def record_digests(profile: str, stem: str, parts: dict, stamp: str, names, log=print) -> dict:
     """Store the sha256 of each figure file a notebook wrote, with the stamp parts of the run that wrote it,
     in digests.json (one entry per notebook; the others are kept), and log each figure whose digest changed
-    since the recorded run with the reason: the code (notebook or package), the parameters, data/, or none
-    of them. None of them is a determinism bug, logged loudly. Returns {figure file: reason}."""
+    since the recorded run with the reason: the code (notebook or package), the parameters, data/, the machine
+    (CPU numerics depend on the thread count), or none of them: a determinism bug, logged loudly.
+    Returns {figure file: reason}."""
     path = digests_path(profile)
     book = files.read_json(path) if path.is_file() else {}
     entries = book.get("notebooks", {})
@@ -178,15 +179,17 @@ def record_digests(profile: str, stem: str, parts: dict, stamp: str, names, log=
         changed.update({n: "no longer written" for n in old["figures"] if n not in new})
     for name, why in changed.items():
         if why == "DETERMINISM BUG":
-            log(f"[{stem}] DETERMINISM BUG: {name} changed although the notebook, its parameters, the package and "
-                f"data/ did not: unseeded randomness, a cache entry made by older code, or another machine / thread count")
+            log(f"[{stem}] DETERMINISM BUG: {name} changed although the notebook, its parameters, the package, data/ "
+                f"and the machine did not: unseeded randomness, or a cache entry made by older code")
         else:
             log(f"[{stem}] figure {name}: {why}")
-    if old is not None and not changed:
+    if old is None:
+        log(f"[{stem}] {len(new)} figure digests recorded in {path} (no earlier record to compare with)")
+    elif not changed:
         log(f"[{stem}] all {len(new)} figure files identical to the recorded run")
     entries[stem] = {"stamp": stamp, "parts": dict(parts), "figures": new}
     files.write_json(path, {"about": "sha256 of each figure file and the stamp parts (digests of the notebook, its "
-                                     "parameters, the package source and data/) of the run that wrote it; written "
-                                     "by python -m replication run",
+                                     "parameters, the package source and data/; the machine) of the run that wrote "
+                                     "it; written by python -m replication run",
                             "notebooks": dict(sorted(entries.items()))})
     return changed

@@ -138,6 +138,8 @@ def run_variant(name: str, pool, heldout, baseline: dict, cfg, steps: int, batch
                 ema_ratio: float = 0.99, warmup=(0, 2), max_rollouts: int = 2, lora_r: int = 16,
                 eval_tokens: int = 48, batch_size: int = 16, progress: bool = True):
     """Train one variant (VARIANTS) with LoRA GRPO from the base model, then answer the held-out questions greedily.
+    Every variant starts from the same adapter (seeded by config.derive_seed(cfg.seed, "rlpr-lora")), whatever ran
+    or was cached before it.
 
     run_folder(name, key) -> loop.RunFolder and cache(name, key, make) are the notebook's run.run_folder and
     run.cached (None: no folder, no cache); both are keyed by every setting. Returns (step rows, held-out table)."""
@@ -146,8 +148,9 @@ def run_variant(name: str, pool, heldout, baseline: dict, cfg, steps: int, batch
     key = {"variant": name, "grpo": asdict(cfg), "steps": steps, "batch_prompts": batch_prompts, "model": model_name,
            "format_weight": format_weight, "beta": beta, "ema_ratio": ema_ratio, "warmup": list(warmup),
            "max_rollouts": max_rollouts, "lora_r": lora_r, "pool": [q.id for q in pool],
-           "heldout": [q.id for q in heldout], "eval_tokens": eval_tokens}
+           "heldout": [q.id for q in heldout], "eval_tokens": eval_tokens, "lora_init": "rlpr-lora"}
     model, tok = models.load_model(model_name)
+    torch.manual_seed(config.derive_seed(cfg.seed, "rlpr-lora"))  # LoRA A's init draws from torch's global RNG
     model = models.add_lora(model, r=lora_r, alpha=2 * lora_r)
     reward = Reward(model, tok, kind, baseline=baseline if debiased else None, format_weight=format_weight,
                     temperature=cfg.temperature, batch_size=batch_size, system=cfg.system)

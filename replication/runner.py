@@ -58,10 +58,19 @@ def stamp(stem: str, params: dict, folder: Path = NOTEBOOKS) -> str:
     return files.digest((Path(folder) / f"{stem}.ipynb").read_bytes(), params, package_digest())
 
 
+def machine() -> str:
+    """What CPU numerics depend on besides the code: the architecture and the thread count the kernels get."""
+    import os
+    import platform
+
+    return f"{platform.machine()}, threads {os.environ.get('OMP_NUM_THREADS') or f'default ({os.cpu_count()} cpus)'}"
+
+
 def stamp_parts(stem: str, params: dict, folder: Path = NOTEBOOKS) -> dict:
-    """The stamp's parts one by one (and data/), kept beside the figure digests to say why a figure changed."""
+    """The stamp's parts one by one, and data/ and the machine: kept beside the figure digests to say why a
+    figure changed."""
     return {"notebook": files.digest((Path(folder) / f"{stem}.ipynb").read_bytes()), "params": files.digest(params),
-            "package": package_digest(), "data": data_digest()}
+            "package": package_digest(), "data": data_digest(), "machine": machine()}
 
 
 def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = False, log=print) -> str:

@@ -18,6 +18,13 @@ class Setup(Params):
     batch_size: int = p()
     throughput_prompts: int = p()
     measure_first_load: bool = p()
+    group_size: int = p(minimum=2)
+    step_prompts: int = p()
+    step_tokens: int = p()
+    rollout_temperature: float = p(low=0.01, high=2.0)
+
+    def check(self):
+        self.at_most("step_prompts", self.throughput_prompts, "throughput_prompts")
 
 
 @notebook("01_noise_analysis")

@@ -1,7 +1,7 @@
-"""Shared fixtures: a tiny random model and an isolated runs folder."""
+"""Shared fixtures: a tiny random model, an isolated runs folder, and one smoke run of every notebook."""
 import pytest
 
-from replication import models
+from replication import models, runner
 
 
 @pytest.fixture(scope="session")
@@ -16,3 +16,27 @@ def runs(tmp_path, monkeypatch):
     monkeypatch.setenv("REPLICATION_RUNS", str(tmp_path / "runs"))
     monkeypatch.setenv("REPLICATION_FIGURES", str(tmp_path / "figures"))
     return tmp_path / "runs"
+
+
+def _run_all(base, profile: str = "smoke", env: dict = None):
+    """Every notebook of the workbook, forced, into base/runs (and base/figures), with extra environment
+    variables for the kernels: (runs folder, outcome)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in {"REPLICATION_RUNS": base / "runs", "REPLICATION_FIGURES": base / "figures",
+                            **(env or {})}.items():
+            mp.setenv(name, str(value))
+        outcome = runner.run(profile, force=True)
+    return base / "runs", outcome
+
+
+@pytest.fixture(scope="session")
+def run_all():
+    """_run_all(base, profile="smoke", env=None) -> (runs folder, outcome)."""
+    return _run_all
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """One smoke-profile run of every notebook (about 7 minutes), shared by the tests that need one:
+    test_notebooks checks its outputs, test_determinism compares a second run with it."""
+    return _run_all(tmp_path_factory.mktemp("smoke-first"))

@@ -129,7 +129,7 @@ def test_figure_digests_say_which_figures_changed_and_why(book, runs, tmp_path, 
     rerun()
     digests = json.loads((tmp_path / "figures/digests.json").read_text())
     entry = digests["notebooks"]["01_first"]
-    assert set(entry["parts"]) == {"notebook", "params", "package", "data"} and entry["stamp"]
+    assert set(entry["parts"]) == {"notebook", "params", "package", "data", "machine"} and entry["stamp"]
     assert entry["figures"] == {n: report.file_sha256(tmp_path / "figures" / n) for n in ("01a_line.pdf", "01a_line.png")}
     # the same notebook, parameters and package: byte-identical figures, said in one line per notebook
     assert rerun(force=True) == [f"[{s}] all 2 figure files identical to the recorded run" for s in ("01_first", "02_second")]
@@ -151,3 +151,4 @@ def test_figure_digests_say_which_figures_changed_and_why(book, runs, tmp_path, 
     parts = entry["parts"]
     assert report.why_changed(parts, {**parts, "package": "other"}) == ["code (the package)"]
     assert report.why_changed(parts, {**parts, "data": "other", "notebook": "x"}) == ["code (the notebook)", "data (data/)"]
+    assert report.why_changed(parts, {**parts, "machine": "arm64, threads 1"}) == ["the machine or its thread count"]
