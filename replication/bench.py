@@ -3,7 +3,8 @@
     python -m replication bench grpo [--reps 3] [--config benchmark|workbook|both] [--json out.json]
 
 Each trainer runs in a fresh process (so its peak resident memory is its own), one warm-up step then `reps`
-timed steps, fp32 (the fastest setting of both on this CPU: bf16 autocast measured slower here).
+timed steps. Rows: our trainer sampling from a bf16 copy of the policy (its fastest setting here) and in fp32;
+TRL in fp32 and in its bf16 mixed precision; the ratio compares each trainer's fastest row, and both fp32 rows.
 """
 import argparse
 import json
@@ -55,13 +56,13 @@ def peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def ours(model_name: str, cfg: dict, reps: int) -> dict:
+def ours(model_name: str, cfg: dict, reps: int, rollout_dtype: str = "float32") -> dict:
     """Step times of replication.grpo, with the split of the step and the share of zero-gradient groups."""
     torch.manual_seed(0)
     model, tok = models.load_model(model_name)
     model = models.add_lora(model, r=LORA_R, alpha=2 * LORA_R)
     gcfg = grpo.GRPOConfig(num_generations=cfg["G"], max_new_tokens=cfg["max_new_tokens"], beta=cfg["beta"], lr=1e-5,
-                           temperature=cfg["temperature"], top_p=cfg["top_p"])
+                           temperature=cfg["temperature"], top_p=cfg["top_p"], rollout_dtype=rollout_dtype)
     trainer = grpo.GRPOTrainer(model, tok, reward_fn(cfg["reward"]), gcfg)
     probs = problems(cfg)
     prompts, meta = [p.prompt() for p in probs], [{"answer": p.answer} for p in probs]
@@ -86,8 +87,9 @@ def ours(model_name: str, cfg: dict, reps: int) -> dict:
             "update_flops": 4 * n_params * tokens / backward, "peak_gb": peak_gb()}
 
 
-def trl(model_name: str, cfg: dict, reps: int) -> dict:
-    """Step times of TRL's GRPOTrainer on the same config (LoRA through peft_config)."""
+def trl(model_name: str, cfg: dict, reps: int, bf16: bool = False) -> dict:
+    """Step times of TRL's GRPOTrainer on the same config (LoRA through peft_config); bf16=True is TRL's
+    mixed-precision setting."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
@@ -116,7 +118,7 @@ def trl(model_name: str, cfg: dict, reps: int) -> dict:
         args = GRPOConfig(output_dir=out, per_device_train_batch_size=cfg["prompts"] * cfg["G"], num_generations=cfg["G"],
                           max_completion_length=cfg["max_new_tokens"], beta=cfg["beta"], learning_rate=1e-5,
                           temperature=cfg["temperature"], top_p=cfg["top_p"], loss_type="grpo", epsilon=0.2,
-                          max_steps=reps + 1, logging_steps=1, report_to=[], use_cpu=True, bf16=False,
+                          max_steps=reps + 1, logging_steps=1, report_to=[], use_cpu=True, bf16=bf16,
                           save_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True, shuffle_dataset=False)
         lora = LoraConfig(r=LORA_R, lora_alpha=2 * LORA_R, target_modules=list(models.LORA_TARGETS), task_type="CAUSAL_LM")
         reward = lambda prompts, completions, answer, **kw: score(  # noqa: E731
@@ -129,39 +131,53 @@ def trl(model_name: str, cfg: dict, reps: int) -> dict:
 
 
 def _child(args):
-    fn, model_name, cfg, reps, threads = args
+    fn, model_name, cfg, reps, threads, option = args
     torch.set_num_threads(threads)
-    return {"ours": ours, "trl": trl}[fn](model_name, cfg, reps)
+    if fn == "ours":
+        return ours(model_name, cfg, reps, rollout_dtype=option)
+    return trl(model_name, cfg, reps, bf16=option)
 
 
-def isolated(fn: str, model_name: str, cfg: dict, reps: int) -> dict:
+def isolated(fn: str, model_name: str, cfg: dict, reps: int, option) -> dict:
     """Run one trainer's timing in a fresh process (its own peak memory, no state shared with the other)."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_child, ((fn, model_name, cfg, reps, torch.get_num_threads()),))
+        return pool.apply(_child, ((fn, model_name, cfg, reps, torch.get_num_threads(), option),))
 
 
-def compare(name: str, model_name: str, reps: int, peak: float) -> dict:
+# (label, trainer, option): our fastest setting samples from a bf16 copy of the policy; fp32 rows for both
+SETTINGS = [("replication.grpo, bf16 rollout", "ours", "bfloat16"), ("replication.grpo, fp32", "ours", "float32"),
+            ("TRL 1.16 GRPOTrainer, fp32", "trl", False), ("TRL 1.16 GRPOTrainer, bf16", "trl", True)]
+
+
+def compare(name: str, model_name: str, reps: int, peak: float, trl_bf16: bool = True) -> dict:
     cfg = CONFIGS[name]
-    a, b = isolated("ours", model_name, cfg, reps), isolated("trl", model_name, cfg, reps)
-    ours_s, trl_s = statistics.median(a["step_s"]), statistics.median(b["step_s"])
-    return {"config": name, "settings": cfg, "ours": a, "trl": b, "ours_median_s": ours_s, "trl_median_s": trl_s,
-            "ratio": trl_s / ours_s, "ours_tokens_per_s": a["completion_tokens"] / ours_s, "matmul_peak_flops": peak}
+    rows = {label: isolated(fn, model_name, cfg, reps, opt) for label, fn, opt in SETTINGS
+            if trl_bf16 or not (fn == "trl" and opt)}
+    med = {k: statistics.median(v["step_s"]) for k, v in rows.items()}
+    best = lambda prefix: min((k for k in med if k.startswith(prefix)), key=med.get)  # noqa: E731
+    ours_best, trl_best = best("replication"), best("TRL")
+    return {"config": name, "settings": cfg, "rows": rows, "median_s": med, "ours_best": ours_best, "trl_best": trl_best,
+            "ratio": med[trl_best] / med[ours_best],
+            "ratio_fp32": med["TRL 1.16 GRPOTrainer, fp32"] / med["replication.grpo, fp32"],
+            "ours_tokens_per_s": rows[ours_best]["completion_tokens"] / med[ours_best], "matmul_peak_flops": peak}
 
 
 def show(r: dict) -> None:
-    a, b, c = r["ours"], r["trl"], r["settings"]
+    c = r["settings"]
     print(f"\n### {r['config']}: {c['level']}, {c['prompts']} prompts x G={c['G']}, {c['max_new_tokens']} new tokens, "
-          f"T={c['temperature']}, top_p={c['top_p']}, beta={c['beta']}, reward: {c['reward']}, LoRA r={LORA_R}, fp32")
+          f"T={c['temperature']}, top_p={c['top_p']}, beta={c['beta']}, reward: {c['reward']}, LoRA r={LORA_R}")
     print("\n| trainer | median step (s) | steps (s) | mean completion length | zero-gradient groups | peak memory (GB) |")
     print("|---|---|---|---|---|---|")
-    for label, x, med in (("replication.grpo", a, r["ours_median_s"]), ("TRL 1.16 GRPOTrainer", b, r["trl_median_s"])):
-        print(f"| {label} | {med:.1f} | {', '.join(f'{s:.1f}' for s in x['step_s'])} | {x['seq_len']:.1f} | "
-              f"{x['zero_std_frac']:.2f} | {x['peak_gb']:.1f} |")
-    print(f"\nratio (TRL step / our step): {r['ratio']:.2f}x")
-    print(f"our completion tokens/s (whole step): {r['ours_tokens_per_s']:.1f}")
-    print("our step split (s): " + ", ".join(f"{k} {v:.1f}" for k, v in a["split"].items()))
-    print(f"update achieved ~{a['update_flops'] / 1e9:.1f} GFLOP/s vs fp32 matmul peak {r['matmul_peak_flops'] / 1e9:.1f} "
-          f"GFLOP/s ({100 * a['update_flops'] / r['matmul_peak_flops']:.0f}%)")
+    for label, x in r["rows"].items():
+        print(f"| {label} | {r['median_s'][label]:.1f} | {', '.join(f'{s:.1f}' for s in x['step_s'])} | "
+              f"{x['seq_len']:.1f} | {x['zero_std_frac']:.2f} | {x['peak_gb']:.1f} |")
+    print(f"\nratio, each at its fastest ({r['trl_best']} / {r['ours_best']}): {r['ratio']:.2f}x; both fp32: {r['ratio_fp32']:.2f}x")
+    print(f"our completion tokens/s (whole step, fastest setting): {r['ours_tokens_per_s']:.1f}")
+    for label, x in r["rows"].items():
+        if "split" in x:
+            print(f"{label}: split (s) " + ", ".join(f"{k} {v:.1f}" for k, v in x["split"].items()) +
+                  f"; update ~{x['update_flops'] / 1e9:.1f} GFLOP/s vs fp32 matmul peak "
+                  f"{r['matmul_peak_flops'] / 1e9:.1f} GFLOP/s ({100 * x['update_flops'] / r['matmul_peak_flops']:.0f}%)")
 
 
 def main(argv=None) -> int:
@@ -171,6 +187,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="both", choices=[*CONFIGS, "both"])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    ap.add_argument("--no-trl-bf16", action="store_true", help="skip TRL's bf16 row (it is slower than fp32 on this CPU)")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error(f"--reps {args.reps} is not allowed; it must be >= 1")
@@ -179,7 +196,7 @@ def main(argv=None) -> int:
     peak = matmul_peak()
     results = []
     for name in (CONFIGS if args.config == "both" else [args.config]):
-        results.append(compare(name, args.model, args.reps, peak))
+        results.append(compare(name, args.model, args.reps, peak, trl_bf16=not args.no_trl_bf16))
         show(results[-1])
     if args.json:
         from . import files

@@ -17,6 +17,7 @@ from .rollout import Recorder, Rollout
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo")
 ADVANTAGES = ("group", "reinforce++")
+ROLLOUT_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass
@@ -29,6 +30,8 @@ class GRPOConfig:
     top_p: float = 1.0                # nucleus sampling in the rollout (1.0: off)
     top_k: int = 0                    # keep the k most likely tokens (0: off)
     min_p: float = 0.0                # drop tokens below min_p x the top probability (0: off)
+    rollout_dtype: str = "float32"    # float32 | bfloat16: sample from a bf16 copy of the policy (faster on a CPU
+                                      # with AVX-512 BF16); the update and the reference stay in fp32
     lr: float = 1e-5
     weight_decay: float = 0.0
     beta: float = 0.04                # KL coefficient
@@ -64,6 +67,7 @@ class GRPOConfig:
         config.check_range("top_p", self.top_p, 1e-6, 1.0)
         config.check_int("top_k", self.top_k, minimum=0)
         config.check_range("min_p", self.min_p, 0.0, 1.0)
+        config.check_choice("rollout_dtype", self.rollout_dtype, ROLLOUT_DTYPES)
         config.check_range("lr", self.lr, 0.0, 1.0)
         return self
 
@@ -146,6 +150,7 @@ class GRPOTrainer:
             raise ValueError("model has no trainable parameters; attach a LoRA adapter with models.add_lora")
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.timer = training.Timer()
+        self.sampler = training.SamplingCopy(model, torch.bfloat16) if cfg.rollout_dtype == "bfloat16" else None
 
     def rollout(self, prompts, metadata=None) -> Rollout:
         """Generate, reward and compute advantages (and stored old / reference log-probs) for one batch."""
@@ -155,7 +160,8 @@ class GRPOTrainer:
         rep = lambda xs: [x for x in xs for _ in range(G)]  # noqa: E731
         self.model.eval()
         with self.timer("generation"):  # G samples per prompt from one shared prefill
-            p_ids, p_mask, c_ids, c_mask = models.sample(self.model, self.tok, texts, cfg.max_new_tokens,
+            policy = self.model if self.sampler is None else self.sampler.sync()
+            p_ids, p_mask, c_ids, c_mask = models.sample(policy, self.tok, texts, cfg.max_new_tokens,
                                                            cfg.temperature, cfg.top_p, repeats=G, top_k=cfg.top_k,
                                                            min_p=cfg.min_p)
         completions = [self.tok.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(c_ids, c_mask)]

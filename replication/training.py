@@ -73,6 +73,40 @@ def encode_pairs(tok, prompts, completions, system=None):
     return enc["input_ids"], enc["attention_mask"], ids, mask
 
 
+class SamplingCopy:
+    """A plain (adapter-free) copy of a LoRA policy in a lower precision, for the rollout only.
+
+    `sync()` writes base + the active adapter's delta, computed in fp32, into the copy (a few tenths of a second
+    for the 135M model); sampling then runs without LoRA wrappers, in bf16 matmuls (measured 1.5x faster on a CPU
+    with AVX-512 BF16). The update and the reference pass stay in fp32: only which replies are drawn changes, as
+    with a bf16 inference engine beside an fp32 trainer."""
+
+    def __init__(self, model, dtype=torch.bfloat16):
+        import copy
+
+        from peft.tuners.lora import LoraLayer
+
+        self.model, self.dtype = model, dtype
+        self.copy = copy.deepcopy(model).merge_and_unload().to(dtype).eval()
+        for p in self.copy.parameters():
+            p.requires_grad_(False)
+        own = dict(self.copy.named_modules())
+        prefix = "base_model.model."
+        self.pairs = [(layer, own[name[len(prefix):]]) for name, layer in model.named_modules()
+                      if isinstance(layer, LoraLayer) and name.startswith(prefix)]
+
+    @torch.no_grad()
+    def sync(self):
+        """Copy the policy as it is now: W + scale * B @ A of the active adapter, rounded to the copy's dtype."""
+        adapter = self.model.active_adapter
+        for layer, target in self.pairs:
+            w = layer.base_layer.weight
+            if adapter in layer.lora_A and not layer.disable_adapters:
+                w = w + layer.get_delta_weight(adapter)
+            target.weight.copy_(w.to(self.dtype))
+        return self.copy
+
+
 class Timer:
     """Accumulates wall time by phase (generation, scoring, backward)."""
 
