@@ -22,6 +22,7 @@ class Setup(Params):
     step_prompts: int = p()
     step_tokens: int = p()
     rollout_temperature: float = p(low=0.01, high=2.0)
+    rollout_dtype: str = p(choices=("float32", "bfloat16"))
 
     def check(self):
         self.at_most("step_prompts", self.throughput_prompts, "throughput_prompts")
