@@ -212,10 +212,9 @@ def train_stage(model, tok, sft_sets, pair_sets, sft_cfg, dpo_cfg, reference="sf
 
 
 def load_stage(model, trained: dict) -> None:
-    """Put the adapter weights of a train_stage result (fresh or cached) back into every role; values may
-    also be nested lists (a first run.cached call can hand a dict back as its JSON round trip)."""
+    """Put the adapter weights of a train_stage result (fresh or cached) back into every role."""
     for role in ROLES:
-        load_adapter_state(model, role, {k: torch.as_tensor(v) for k, v in trained["weights"][role].items()})
+        load_adapter_state(model, role, trained["weights"][role])
 
 
 def majority_vote(answers):
