@@ -7,7 +7,6 @@ timed steps. Rows: our trainer sampling from a bf16 copy of the policy (its fast
 TRL in fp32 and in its bf16 mixed precision; the ratio compares each trainer's fastest row, and both fp32 rows.
 """
 import argparse
-import json
 import multiprocessing
 import resource
 import statistics

@@ -4,7 +4,6 @@ from collections import Counter
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
-import torch
 
 from . import config, dpo, models, stats, tasks
 
