@@ -23,9 +23,24 @@ class Setup(Params):
     step_tokens: int = p()
     rollout_temperature: float = p(low=0.01, high=2.0)
     rollout_dtype: str = p(choices=("float32", "bfloat16"))
+    candidate_levels: list = p(each={"choices": tuple(tasks.LEVELS)})
+    candidate_shots: list = p(each={"minimum": 0})
+    sampling_problems: int = p()
+    yardstick_level: str = p(choices=tuple(tasks.LEVELS))
+    shots: int = p(minimum=0)
+    n_train: int = p()
+    n_eval: int = p()
+    lrs: list = p(each={"low": 0.0, "high": 0.1})
+    sweep_steps: int = p()
+    yardstick_steps: int = p()
+    eval_every: int = p()
+    lora_r: int = p()
 
     def check(self):
         self.at_most("step_prompts", self.throughput_prompts, "throughput_prompts")
+        self.at_most("step_prompts", self.n_train, "n_train")
+        self.at_most("sweep_steps", self.yardstick_steps, "yardstick_steps")
+        self.at_most("eval_every", self.sweep_steps, "sweep_steps")
 
 
 @notebook("01_noise_analysis")

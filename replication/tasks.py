@@ -31,10 +31,21 @@ class Problem:
     digits: int
     steps: int
     ops: str
+    solution: str = ""
 
     def prompt(self, instruction: str = INSTRUCTION) -> str:
         """The user message: the question followed by the answer-format instruction."""
         return f"{self.question}\n{instruction}"
+
+    def chat(self, shots=(), instruction: str = INSTRUCTION):
+        """The prompt as chat turns: each worked example (a Problem) as a user turn and its solution as the
+        assistant's reply, then this question. With no shots, the plain user message."""
+        if not shots:
+            return self.prompt(instruction)
+        turns = []
+        for s in shots:
+            turns += [{"role": "user", "content": s.prompt(instruction)}, {"role": "assistant", "content": s.solution}]
+        return turns + [{"role": "user", "content": self.prompt(instruction)}]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -49,6 +60,7 @@ def make_problem(rng: random.Random, digits: int = 1, steps: int = 1, ops=("+",)
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     value = _operand(rng, digits)
     sentences = [f"{name} has {value} {item}."]
+    work = []
     for k in range(steps):
         op = rng.choice(ops)
         then = "" if k == 0 else "Then "
@@ -57,17 +69,21 @@ def make_problem(rng: random.Random, digits: int = 1, steps: int = 1, ops=("+",)
         if op == "+":
             b = _operand(rng, digits)
             sentences.append(f"{then}{name} gets {b} more {item}.")
+            work.append(f"{value} + {b} = {value + b}.")
             value += b
         elif op == "-":
             b = rng.randint(1, min(value, 10**digits - 1))
             sentences.append(f"{then}{name} gives away {b} {item}.")
+            work.append(f"{value} - {b} = {value - b}.")
             value -= b
         else:
             b = rng.randint(2, 4 if digits == 1 else 9)
             sentences.append(f"{then}{name}'s number of {item} becomes {b} times as large.")
+            work.append(f"{value} * {b} = {value * b}.")
             value *= b
     sentences.append(f"How many {item} does {name} have now?")
-    return Problem(uid, " ".join(sentences), value, digits, steps, "".join(ops))
+    work.append(f"The answer is {value}.")
+    return Problem(uid, " ".join(sentences), value, digits, steps, "".join(ops), " ".join(work))
 
 
 def make_problems(n: int, seed: int = 0, digits: int = 1, steps: int = 1, ops=("+",)) -> list:
@@ -100,6 +116,12 @@ def make_level(level: str, n: int, seed: int = 0) -> list:
     config.check_choice("level", level, tuple(LEVELS))
     digits, steps, ops = LEVELS[level]
     return make_problems(n, seed=seed, digits=digits, steps=steps, ops=ops)
+
+
+def worked_examples(level: str, k: int, seed: int = 0) -> list:
+    """k worked examples of a level for few-shot prompts (Problem.chat), drawn apart from any split's problems."""
+    config.check_int("k", k, minimum=0)
+    return make_level(level, k, seed=config.derive_seed(seed, "shots", level)) if k else []
 
 
 def split(level: str, n_train: int, n_eval: int, seed: int = 0, eval_level: str = None):

@@ -1,0 +1,49 @@
+"""The yardstick's pieces: worked examples, few-shot chat turns, the curve table and the sweep's pick."""
+import pandas as pd
+import pytest
+
+from replication import tasks, yardstick
+
+
+@pytest.mark.parametrize("level", list(tasks.LEVELS))
+def test_worked_example_solutions_are_right(level):
+    for p in tasks.worked_examples(level, 5, seed=3):
+        assert p.solution.endswith(f"The answer is {p.answer}.")
+        assert tasks.verify(p.solution, p.answer, strict=True)
+        for eq in p.solution.split(". ")[:-1]:                      # every "a op b = c" line holds
+            lhs, rhs = eq.rstrip(".").split(" = ")
+            assert eval(lhs) == int(rhs)
+
+
+def test_chat_turns_put_examples_first():
+    shots = tasks.worked_examples("1d-1step-add", 2, seed=0)
+    q = tasks.make_level("1d-1step-add", 1, seed=1)[0]
+    turns = q.chat(shots)
+    assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant", "user"]
+    assert turns[1]["content"] == shots[0].solution and turns[-1]["content"] == q.prompt()
+    assert q.chat(()) == q.prompt()
+
+
+def row(step, correct):
+    return {"step": step, "eval_correct": correct, "eval_strict_correct": correct, "eval_format": 1.0, "eval_tokens": 10.0}
+
+
+def test_curve_table_and_steps_to_gain():
+    base = row(None, [0] * 100 + [1] * 100)
+    base.pop("step")
+    rows = [{"reward_mean": 0.5}, row(1, [1] * 10 + [0] * 95 + [1] * 95), row(3, [0] * 20 + [1] * 180)]
+    table = yardstick.curve_table(base, [r for r in rows if "eval_correct" in r], seed=0)
+    assert table["step"].tolist() == [0, 2, 4]
+    assert table["accuracy"].tolist() == [0.5, 0.525, 0.9]
+    assert table["gain_low"].iloc[1] < 0 < table["gain_low"].iloc[2]          # +0.025 is not resolvable, +0.4 is
+    assert yardstick.steps_to_gain(table) == 4
+    assert yardstick.steps_to_gain(table.iloc[:2]) is None
+
+
+def test_choose_lr_uses_training_reward_only():
+    runs = {1e-5: [{"reward_mean": r, "zero_std_frac": 0.5, "completion_len": 10.0} for r in (0.2, 0.2, 0.3)],
+            1e-4: [{"reward_mean": r, "zero_std_frac": 0.5, "completion_len": 10.0} for r in (0.2, 0.5, 0.8)]}
+    summary = yardstick.sweep_summary(runs)
+    assert summary["heldout_accuracy"].isna().all()
+    assert yardstick.choose_lr(summary) == 1e-4
+    assert isinstance(summary, pd.DataFrame)
