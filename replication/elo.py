@@ -91,13 +91,13 @@ def fit_ratings(wins: np.ndarray, anchor: int = 0, anchor_rating: float = 1350.0
     off = ~np.eye(n, dtype=bool)
 
     def nll(x):
-        r = np.full(n, anchor_rating)
+        r = np.full(n, float(anchor_rating))
         r[free] = x
         e = expected_score(r[:, None], r[None, :])
         return -np.sum(w[off] * np.log(e[off]) + (1 - w[off]) * np.log(1 - e[off]))
 
-    r = np.full(n, anchor_rating)
-    r[free] = optimize.minimize(nll, np.full(n - 1, anchor_rating), method="BFGS").x
+    r = np.full(n, float(anchor_rating))
+    r[free] = optimize.minimize(nll, np.full(n - 1, float(anchor_rating)), method="BFGS").x
     return r
 
 

@@ -1,25 +1,28 @@
-"""Elo-Evolve on the real model: an opponent pool of precomputed responses, pairwise and absolute judges,
-the win/loss reward with the length rule, the training regimes (point, static, Elo-orchestrated) as a
-step function on the resumable loop, and the held-out comparison of Table 1.
+"""Elo-Evolve on the real model: the judges, the win/loss reward with the length rule, an opponent pool of
+precomputed responses, and the training regimes (point, static, Elo-orchestrated) as a step function on the
+resumable loop. Training an arm with its held-out evaluation, the judge's accuracy and the comparison of Table 1
+are in replication.evolve_eval.
 
-The stand-in judge (documented in notebook 02): a response's quality on the arithmetic task is
-q = 1 + 2 * correct + 1 * format (1..4). A comparison is a Thurstone draw, P(policy wins) =
-Phi((q_policy - q_opponent) / sigma_comp); an absolute score is q + N(0, sigma_abs^2).
+Judges (notebook 02 says which it uses and why):
+- LikelihoodJudge (default): the base model's log-likelihood of each reply's final answer,
+  s = log p("The answer is N." | k worked examples + the question), N read from the reply (tasks.extract_answer).
+  It never sees the true answer. A comparison: the higher s wins, the same answer is a tie (0.5); an absolute
+  score (point-based reward) is exp(s). Only the stated answer counts, so neither format nor wording can win.
+- QualityJudge: the exact verifier as quality (q = correct, 0/1) with Thurstone comparison noise,
+  P(a wins) = Phi((q_a - q_b) / sigma_comp), and absolute scores q + N(0, sigma_abs^2).
+- LLMJudge: the prompted judge of notebook 01 (for larger models; the 135M model always answers "A").
 """
+import re
 from dataclasses import asdict, dataclass
 
 import numpy as np
 from scipy import stats as sps
 
-from . import config, elo, files, loop, models, paper, stats, tasks
+from . import config, elo, files, loop, models, tasks
 
 REGIMES = ("point", "static", "elo")
+JUDGES = ("likelihood", "quality", "llm")
 START_PLAYER = "policy at start"   # the pool's anchor: the base model sampling at the training temperature
-
-
-def quality(response: str, answer) -> float:
-    """q = 1 + 2 * (answer correct) + 1 * (answer stated as 'The answer is N'), in 1..4."""
-    return 1.0 + 2.0 * tasks.verify(response, answer) + 1.0 * tasks.has_format(response)
 
 
 def words(text: str) -> int:
@@ -32,8 +35,13 @@ def identical(a, b) -> np.ndarray:
     return np.array([x.strip() == y.strip() for x, y in zip(a, b)], bool)
 
 
+def correct(response: str, answer) -> float:
+    """1.0 when the reply's answer is right (exact verifier), else 0.0: the quality judge's q."""
+    return float(tasks.verify(response, answer))
+
+
 class QualityJudge:
-    """The stand-in judge: Thurstone comparisons and noisy absolute scores of the task's quality function."""
+    """Correctness with Thurstone comparison noise and noisy absolute scores (a stand-in with a known truth)."""
 
     name = "quality"
 
@@ -45,14 +53,107 @@ class QualityJudge:
 
     def p_win(self, questions, answers, a, b) -> np.ndarray:
         """P(a beats b) per item; identical responses are a tie (0.5)."""
-        qa = np.array([quality(x, ans) for x, ans in zip(a, answers)])
-        qb = np.array([quality(x, ans) for x, ans in zip(b, answers)])
+        qa = np.array([correct(x, ans) for x, ans in zip(a, answers)])
+        qb = np.array([correct(x, ans) for x, ans in zip(b, answers)])
         return np.where(identical(a, b), 0.5, sps.norm.cdf((qa - qb) / self.sigma_comp))
 
     def scores(self, questions, answers, responses, rng) -> np.ndarray:
         """One noisy absolute score per response."""
-        q = np.array([quality(x, ans) for x, ans in zip(responses, answers)])
+        q = np.array([correct(x, ans) for x, ans in zip(responses, answers)])
         return q + rng.normal(0.0, self.sigma_abs, size=len(q))
+
+
+def canonical(reply: str):
+    """The reply with its answer statement rewritten to one form: the text before its last "answer is N" phrase
+    (or all of it) followed by "The answer is N." with N its final answer (tasks.extract_answer); None if it
+    states no number. Two replies that differ only in how they state the answer become the same text."""
+    n = tasks.extract_answer(reply)
+    if n is None:
+        return None
+    cut = [m.start() for m in tasks._PHRASE.finditer(reply)]
+    body = reply[:cut[-1]] if cut else reply
+    body = re.sub(r"(?:\b(?:the|final|my)\s*)+$", "", body.rstrip(" (\n:*-"), flags=re.IGNORECASE).rstrip(" (\n:*-")
+    return (body + " " if body else "") + f"The answer is {n}."
+
+
+class LikelihoodJudge:
+    """The model as a judge by likelihood: s(reply) = mean log-probability per token of canonical(reply) after
+    `shots` worked examples and the question, under the judge model; -inf when the reply states no number. The
+    likelier reply wins. Reference-free, deterministic and blind to how the answer is stated; each (question,
+    canonical reply) is scored once (memo), a question's replies in one pass over its prompt."""
+
+    name = "likelihood"
+
+    def __init__(self, model, tok, shots=(), batch_size: int = 16):
+        self.model, self.tok, self.shots, self.batch_size = model, tok, list(shots), batch_size
+        self.memo = {}
+
+    def prompt(self, question: str):
+        turns = []
+        for s in self.shots:
+            turns += [{"role": "user", "content": s.prompt()}, {"role": "assistant", "content": s.solution}]
+        return turns + [{"role": "user", "content": f"{question}\n{tasks.INSTRUCTION}"}]
+
+    def _prefix(self):
+        """The worked examples' tokens and their keys and values, computed once and shared by every question."""
+        import torch
+
+        if not hasattr(self, "_pre"):
+            self._pre = None
+            if self.shots:
+                text = self.tok.apply_chat_template(self.prompt("")[:-1], tokenize=False)
+                ids = self.tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+                with torch.no_grad():
+                    self._pre = (ids[0], self.model(input_ids=ids, use_cache=True).past_key_values)
+        return self._pre
+
+    def _mean_logps(self, question: str, texts) -> list:
+        """Mean log-probability per token of each text (+ EOS) as the reply to the question: the shared prefix's
+        cache, then the question once, then the replies (training.grouped_logps does the same without the prefix)."""
+        import copy
+
+        import torch
+
+        from . import training
+
+        p_ids, p_mask, c_ids, c_mask = training.encode_pairs(self.tok, [self.prompt(question)] * len(texts), texts)
+        pre, n, T = self._prefix(), len(texts), c_ids.shape[1]
+        L = 0 if pre is None else len(pre[0])
+        with torch.no_grad():
+            if pre is None or T < 2 or not torch.equal(p_ids[0, :L], pre[0]):
+                lp = training.grouped_logps(self.model, p_ids, p_mask, c_ids, c_mask, n)
+            else:
+                P = p_ids.shape[1]
+                out = self.model(input_ids=p_ids[:1, L:], past_key_values=copy.deepcopy(pre[1]), use_cache=True,
+                                 position_ids=torch.arange(L, P)[None], logits_to_keep=1)
+                cache = out.past_key_values
+                cache.batch_repeat_interleave(n)
+                rest = self.model(input_ids=c_ids[:, :-1], attention_mask=torch.cat([p_mask, c_mask[:, :-1]], 1),
+                                  position_ids=P + torch.arange(T - 1)[None].expand(n, -1), past_key_values=cache,
+                                  use_cache=True).logits
+                lp = training.token_logps(torch.cat([out.logits[:, -1:].expand(n, -1, -1), rest], 1), c_ids)
+        return ((lp * c_mask).sum(1) / c_mask.sum(1)).tolist()
+
+    def judge_scores(self, questions, responses) -> np.ndarray:
+        texts = [canonical(r) for r in responses]
+        todo = {}
+        for q, t in zip(questions, texts):
+            if t is not None and (q, t) not in self.memo:
+                todo.setdefault(q, {})[t] = None
+        for q, ts in todo.items():
+            ts = list(ts)
+            for i in range(0, len(ts), self.batch_size):
+                self.memo.update({(q, t): v for t, v in zip(ts[i:i + self.batch_size], self._mean_logps(q, ts[i:i + self.batch_size]))})
+        return np.array([-np.inf if t is None else self.memo[(q, t)] for q, t in zip(questions, texts)])
+
+    def p_win(self, questions, answers, a, b) -> np.ndarray:
+        """1 where a is the likelier reply, 0 where b is, 0.5 for equal scores (or neither stating a number)."""
+        sa, sb = self.judge_scores(questions, a), self.judge_scores(questions, b)
+        return np.where(sa == sb, 0.5, (sa > sb).astype(float))
+
+    def scores(self, questions, answers, responses, rng=None) -> np.ndarray:
+        """The point-based reward: the judge's mean log-probability per token of the reply (-10 for no number)."""
+        return np.maximum(self.judge_scores(questions, responses), -10.0)
 
 
 class LLMJudge:
@@ -76,12 +177,12 @@ class LLMJudge:
         return np.array([rng.choice(5, p=p / p.sum()) + 1 for p in probs], float)
 
 
-def outcomes(judge, questions, answers, policy, opponent, rng, length_margin: int = 20) -> np.ndarray:
+def outcomes(judge, questions, answers, policy, opponent, rng, length_margin: int = 60) -> np.ndarray:
     """Win (1) / loss (0) / tie (0.5) of each policy response against the opponent's, drawn from the judge;
     0 when the policy response is longer than the opponent's by more than length_margin words."""
     config.check_int("length_margin", length_margin, minimum=0)
     p = judge.p_win(questions, answers, policy, opponent)
-    s = np.where(identical(policy, opponent), 0.5, (rng.random(len(p)) < p).astype(float))
+    s = np.where(p == 0.5, 0.5, (rng.random(len(p)) < p).astype(float))
     too_long = np.array([words(x) - words(y) > length_margin for x, y in zip(policy, opponent)], bool)
     return np.where(too_long, 0.0, s)
 
@@ -90,43 +191,51 @@ def outcomes(judge, questions, answers, policy, opponent, rng, length_margin: in
 
 @dataclass
 class OpponentSpec:
-    """How one opponent answers: sampling temperature, and best-of-n under the quality function."""
+    """How one opponent answers: sampling temperature (0: greedy), best-of-n under the exact verifier (right
+    whenever one of its n samples is), and worked examples in its prompt."""
 
     name: str
     temperature: float = 0.0
     best_of: int = 1
+    shots: int = 0
 
 
-def opponent_specs(opponents: dict, start_temperature: float) -> list:
-    """OpponentSpecs from {name: [temperature, best of]}, then the anchor START_PLAYER (the base model
-    sampling once at the training temperature)."""
-    specs = [OpponentSpec(n, float(t), int(b)) for n, (t, b) in opponents.items()]
-    return specs + [OpponentSpec(START_PLAYER, float(start_temperature), 1)]
+def opponent_specs(opponents: dict, start_temperature: float, start_shots: int = 0) -> list:
+    """OpponentSpecs from {name: [temperature, best of, shots]}, then the anchor START_PLAYER (the base model
+    sampling once at the training temperature with the policy's prompt)."""
+    specs = [OpponentSpec(n, float(v[0]), int(v[1]), int(v[2]) if len(v) > 2 else 0) for n, v in opponents.items()]
+    return specs + [OpponentSpec(START_PLAYER, float(start_temperature), 1, int(start_shots))]
 
 
-def build_pool(model, tok, problems, specs, max_new_tokens: int = 48, seed: int = 0, progress: bool = True) -> dict:
-    """{opponent name: one response per problem}. Opponents sampling at the same temperature share their
-    candidates, so best-of-4 picks from best-of-1's sample plus three more (it is never worse per problem).
-    Cache it with run.cached("evolve_pool", pool_key(...), ...)."""
-    prompts = [p.prompt() for p in problems]
+def build_pool(model, tok, problems, specs, max_new_tokens: int = 32, seed: int = 0, level: str = None,
+               progress: bool = True) -> dict:
+    """{opponent name: one response per problem}. Opponents with the same temperature and shots share their
+    candidates, so best-of-4 picks from best-of-1's sample plus three more. Shots are worked examples of
+    `level` (default: the problems' own level is unknown, so pass it). Cache it with run.cached."""
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"opponent names {names} must be unique")
     candidates = {}
-    for t in sorted({s.temperature for s in specs}):
-        n = max(s.best_of for s in specs if s.temperature == t)
+    for t, k in sorted({(s.temperature, s.shots) for s in specs}):
+        n = max(s.best_of for s in specs if (s.temperature, s.shots) == (t, k))
         config.check_int("best_of", n)
-        gen = models.generate(model, tok, prompts, max_new_tokens, temperature=t, repeats=n, progress=progress,
-                              seed=config.derive_seed(seed, "pool", t))
-        candidates[t] = [gen.texts[j * n:(j + 1) * n] for j in range(len(problems))]
-    best = lambda c, answer: c[int(np.argmax([quality(r, answer) for r in c]))]  # noqa: E731  (first of the best)
-    return {s.name: [best(c[:s.best_of], p.answer) for c, p in zip(candidates[s.temperature], problems)] for s in specs}
+        if k and level is None:
+            raise ValueError("level=None is not allowed when an opponent uses shots; name the level of the worked examples")
+        shots = tasks.worked_examples(level, k, seed) if k else []
+        gen = models.generate(model, tok, [p.chat(shots) for p in problems], max_new_tokens, temperature=t, repeats=n,
+                              progress=progress, seed=config.derive_seed(seed, "pool", t, k))
+        candidates[(t, k)] = [gen.texts[j * n:(j + 1) * n] for j in range(len(problems))]
+    out = {}
+    for s in specs:
+        c = candidates[(s.temperature, s.shots)]
+        out[s.name] = [next((r for r in rs[:s.best_of] if tasks.verify(r, p.answer)), rs[0]) for rs, p in zip(c, problems)]
+    return out
 
 
-def pool_key(model_name: str, problems, specs, max_new_tokens: int, seed: int) -> dict:
+def pool_key(model_name: str, problems, specs, max_new_tokens: int, seed: int, level: str = None) -> dict:
     """What a cached pool depends on."""
-    return {"model": str(model_name), "problems": [p.id + "|" + p.question for p in problems],
-            "specs": [asdict(s) for s in specs], "max_new_tokens": max_new_tokens, "seed": seed}
+    return {"model": str(model_name), "problems": [p.id + "|" + p.question for p in problems], "level": level,
+            "specs": [asdict(s) for s in specs], "max_new_tokens": max_new_tokens, "seed": seed, "best_of": "verifier"}
 
 
 def win_matrix(judge, problems, players: dict) -> np.ndarray:
@@ -142,111 +251,18 @@ def win_matrix(judge, problems, players: dict) -> np.ndarray:
 
 
 def pool_table(responses: dict, specs, problems, ratings):
-    """One row per player: how it samples, mean quality, accuracy, format rate, words and fitted rating."""
+    """One row per player: how it samples, accuracy, format rate, words and fitted rating."""
     import pandas as pd
 
     rows = []
     for s, rating in zip(specs, ratings):
         r = responses[s.name]
-        rows.append({"player": s.name, "sampling": f"T = {s.temperature:g}" + (f", best of {s.best_of}" if s.best_of > 1 else ""),
-                     "quality": np.mean([quality(x, p.answer) for x, p in zip(r, problems)]),
-                     "accuracy": np.mean([tasks.verify(x, p.answer) for x, p in zip(r, problems)]),
+        how = "greedy" if s.temperature == 0 else f"T = {s.temperature:g}"
+        rows.append({"player": s.name, "sampling": how + (f", best of {s.best_of}" if s.best_of > 1 else "")
+                     + (f", {s.shots} shots" if s.shots else ""),
+                     "accuracy": np.mean([correct(x, p.answer) for x, p in zip(r, problems)]),
                      "format": np.mean([tasks.has_format(x) for x in r]),
                      "words": np.mean([words(x) for x in r]), "rating": float(rating)})
-    return pd.DataFrame(rows)
-
-
-# ---------------------------------------------------------------- held-out comparison
-
-def judge_heldout(model, tok, judge, problems, reference, max_new_tokens: int = 48, seed: int = 0,
-                  progress: bool = True, replies=None):
-    """Table 1 at this scale: greedy replies on held-out problems (tasks.evaluate), or the given replies,
-    judged against the reference replies. Per-problem rows and a summary with the win rate, the
-    length-controlled win rate and task accuracy with their 95% intervals (replication.stats; the
-    bootstrap seed is derived from `seed`)."""
-    import pandas as pd
-
-    if replies is None:
-        replies = tasks.evaluate(model, tok, problems, max_new_tokens, progress=progress)["reply"].tolist()  # greedy
-    qs, ans = [p.question for p in problems], [p.answer for p in problems]
-    df = pd.DataFrame({"id": [p.id for p in problems], "reply": list(replies), "reference": list(reference),
-                       "p_win": judge.p_win(qs, ans, replies, reference),
-                       "correct": [tasks.verify(t, a) for t, a in zip(replies, ans)],
-                       "format": [tasks.has_format(t) for t in replies],
-                       "words": [words(t) for t in replies], "ref_words": [words(t) for t in reference]})
-    wr = stats.win_rate(df["p_win"], seed=config.derive_seed(seed, "win-rate"))
-    lc = stats.lc_win_rate(df["p_win"], df["words"], df["ref_words"])
-    acc, lo, hi = stats.proportion_ci(int(df["correct"].sum()), len(df))
-    return df, {"win_rate": wr["win_rate"], "win_rate_ci95": wr["ci95"], "lc_win_rate": lc["lc_win_rate"],
-                "lc_win_rate_ci95": lc["ci95"], "length_coef": lc["length_coef"], "accuracy": acc,
-                "accuracy_ci95": [lo, hi], "format_rate": float(df["format"].mean()),
-                "mean_words": float(df["words"].mean()), "n": len(df)}
-
-
-def paired_comparisons(evals: dict, results: dict, seed: int = 0) -> dict:
-    """Point < static pairwise < Elo-Evolve on the same held-out problems: paired bootstrap differences
-    (stats.paired_bootstrap) of the per-problem win probability against the reference, for the best Elo
-    run (by win rate) minus point, best Elo minus the static runs' mean, and static mean minus point."""
-    p = {n: np.asarray(e["p_win"], float) for n, e in evals.items()}
-    elo_runs, static_runs = [n for n in p if n.startswith("elo")], [n for n in p if n.startswith("static")]
-    best = max(elo_runs, key=lambda n: results[n]["win_rate"])
-    static = np.mean([p[n] for n in static_runs], axis=0)
-    diff = lambda a, b, what: stats.paired_bootstrap(a, b, seed=config.derive_seed(seed, "paired", what))  # noqa: E731
-    return {"elo_best": best, "static_runs": static_runs, "n": len(static),
-            "win_rates": {"point": float(p["point"].mean()), "static": float(static.mean()), "elo": float(p[best].mean())},
-            "elo_minus_point": diff(p[best], p["point"], "elo-point"),
-            "elo_minus_static": diff(p[best], static, "elo-static"),
-            "static_minus_point": diff(static, p["point"], "static-point")}
-
-
-def lc_difference(a, b, n_boot: int = 1000, seed: int = 0):
-    """(LC win rate of a - that of b, low, high) on the same held-out problems: stats.lc_win_rate of each,
-    with a percentile bootstrap over problems (stats.bootstrap). a, b: judge_heldout rows."""
-    cols = [np.asarray(x[c], float) for x, c in ((a, "p_win"), (a, "words"), (b, "p_win"), (b, "words"), (a, "ref_words"))]
-    gap = lambda pa, wa, pb, wb, ref: (stats.lc_win_rate(pa, wa, ref)["lc_win_rate"]  # noqa: E731
-                                       - stats.lc_win_rate(pb, wb, ref)["lc_win_rate"])
-    return stats.bootstrap(gap, *cols, n_boot=n_boot, seed=config.derive_seed(seed, "lc-difference"))
-
-
-def rating_rise(rows, k: float, n_boot: int = 2000, seed: int = 0):
-    """(change of the policy's Elo over a run under the mean rule, low, high): K times the sum over steps of
-    the mean of (S - E), with a bootstrap interval resampling prompts (a prompt's G matches share its
-    opponent), and the number of prompts. rows: an Elo run's step rows (they log outcomes and expected)."""
-    d, groups = [], []
-    for r in rows:
-        s, e = np.asarray(r["outcomes"], float), np.asarray(r["expected"], float)
-        g = len(s) // len(r["opponents"])
-        d += (s - e).tolist()
-        groups += [f"{r['step']}-{i // g}" for i in range(len(s))]
-    rise = stats.bootstrap(lambda x: k * len(rows) * x.mean(), np.array(d), groups=groups, n_boot=n_boot,
-                           seed=config.derive_seed(seed, "rating-rise"))
-    return rise, len(set(groups))
-
-
-def paper_table1(step: int = 500):
-    """The paper's AlpacaEval 2.0 WR and LC (Table 1) after `step` steps, base at step 0: regime x metric."""
-    t = paper.table("elo_evolve_table1")
-    t = t[t["step"].isin([0, step]) & t["metric"].isin(["alpacaeval_wr", "alpacaeval_lc"])]
-    return t.pivot_table(index="regime", columns="metric", values="value")
-
-
-def results_table(results: dict, opp_names, step: int = 500):
-    """Each regime's held-out win rate, LC win rate and accuracy with 95% intervals, format, words, steps and
-    training seconds, beside the paper's WR / LC at `step` (static runs matched by strength order)."""
-    import pandas as pd
-
-    at = paper_table1(step)
-    match = {"base": "base", "point": "point",
-             **{f"static-{n}": r for n, r in zip(opp_names, ("static-weak", "static-mid", "static-strong"))}}
-    ci = lambda r, key: f"{r[key]:.3f} [{r[key + '_ci95'][0]:.3f}, {r[key + '_ci95'][1]:.3f}]"  # noqa: E731
-    rows = []
-    for name, r in results.items():
-        reg = "elo" if name.startswith("elo") else match.get(name)
-        rows.append({"regime": name, "win rate": ci(r, "win_rate"), "LC win rate": ci(r, "lc_win_rate"),
-                     "accuracy": ci(r, "accuracy"), "format": round(r["format_rate"], 3),
-                     "words": round(r["mean_words"], 1), "steps": r.get("steps", 0), "train s": round(r.get("wall_time_s", 0.0)),
-                     f"paper WR/LC @{step}": (f"{at.loc[reg, 'alpacaeval_wr']:.2f} / {at.loc[reg, 'alpacaeval_lc']:.2f}"
-                                              if reg in at.index else "")})
     return pd.DataFrame(rows)
 
 
@@ -264,7 +280,7 @@ class EvolveConfig:
     start_rating: float = 1350.0
     steps: int = 10
     prompts_per_step: int = 4
-    length_margin: int = 20       # words
+    length_margin: int = 60       # words
     seed: int = 0
 
     def validate(self, names) -> "EvolveConfig":
@@ -280,28 +296,27 @@ class EvolveConfig:
         return self
 
 
-def regimes(opp_names, temperatures, **common) -> dict:
-    """The compared regimes by name: point, static-<opponent> for each opponent, elo-T<T> for each T."""
+def regimes(static_opponent: str, temperatures, **common) -> dict:
+    """The compared arms by name: point, static-<opponent>, elo-T<T> for each T."""
     return {"point": EvolveConfig(regime="point", **common),
-            **{f"static-{n}": EvolveConfig(regime="static", opponent=n, **common) for n in opp_names},
+            f"static-{static_opponent}": EvolveConfig(regime="static", opponent=static_opponent, **common),
             **{f"elo-T{T:g}": EvolveConfig(regime="elo", temperature=float(T), **common) for T in temperatures}}
 
 
 class Arena:
     """The GRPO reward function: each completion against its prompt's opponent response (pairwise regimes)
     or scored alone (point regime). Side data goes through the trainer's callables: log_metric for the
-    rollouts' mean quality, accuracy, format rate and words; log_extra('outcome', ...) for the win / loss /
-    tie of every completion (the Elo update reads it from rollout.extras). `rng` draws the judge's noise."""
+    rollouts' accuracy, format rate and words; log_extra('outcome', ...) for the win / loss / tie of every
+    completion (the Elo update reads it from rollout.extras). `rng` draws the judge's noise."""
 
-    def __init__(self, judge, regime: str, length_margin: int = 20):
+    def __init__(self, judge, regime: str, length_margin: int = 60):
         self.judge, self.regime, self.length_margin = judge, regime, length_margin
         self.rng = np.random.default_rng(0)
 
     def __call__(self, prompts, completions, metadata, log_metric=None, log_extra=None):
         qs, ans = [m["question"] for m in metadata], [m["answer"] for m in metadata]
         if log_metric is not None:
-            log_metric("rollout_quality", np.mean([quality(c, a) for c, a in zip(completions, ans)]))
-            log_metric("rollout_accuracy", np.mean([tasks.verify(c, a) for c, a in zip(completions, ans)]))
+            log_metric("rollout_accuracy", np.mean([correct(c, a) for c, a in zip(completions, ans)]))
             log_metric("rollout_format_rate", np.mean([tasks.has_format(c) for c in completions]))
             log_metric("rollout_words", np.mean([words(c) for c in completions]))
         if self.regime == "point":
@@ -324,10 +339,10 @@ def choose(cfg: EvolveConfig, rating: float, names, ratings, rng):
 
 
 def train(model, tok, judge, problems, pool: dict, ratings, cfg: EvolveConfig, grpo_cfg, folder=None,
-          progress: bool = True) -> list:
+          progress: bool = True, shots=()) -> list:
     """GRPO steps of one regime on loop.run (resumable; the policy's Elo is the loop's state, a finished run
-    loads its final weights). Logs per step the reward, opponent probabilities, opponents, outcomes and
-    their expected scores, and the policy's Elo before and after the step's update."""
+    loads its final weights). Prompts are p.chat(shots). Logs per step the reward, opponent probabilities,
+    opponents, outcomes and their expected scores, and the policy's Elo before and after the step's update."""
     import torch
 
     from . import grpo
@@ -352,9 +367,9 @@ def train(model, tok, judge, problems, pool: dict, ratings, cfg: EvolveConfig, g
         arena.rng = np.random.default_rng(config.derive_seed(cfg.seed, "judge", t))
         torch.manual_seed(config.derive_seed(grpo_cfg.seed, "grpo-step", t))
         trainer.timer.seconds.clear()
-        batch = trainer.rollout([problems[i].prompt() for i in idx], meta)
+        batch = trainer.rollout([problems[i].chat(shots) for i in idx], meta)
         row = {**grpo.step_stats(batch), **trainer.update(batch), **trainer.times(batch),
-               "regime": cfg.regime, "rating_before": rating, "probs": probs.tolist()}
+               "regime": cfg.regime, "samples": len(batch), "rating_before": rating, "probs": probs.tolist()}
         if "outcome" in batch.extras:
             s, opp_r = np.asarray(batch.extras["outcome"], float), np.repeat(ratings[opp], G)
             row.update(win_rate=float(s.mean()), opponents=[names[o] for o in opp], outcomes=s.tolist(),
@@ -374,26 +389,3 @@ def run_key(model_name: str, cfg: EvolveConfig, grpo_cfg, lora_r: int, pool: dic
     """What a training run depends on: for run.run_folder(name, run_key(...))."""
     return {"regime": asdict(cfg), "grpo": asdict(grpo_cfg), "model": str(model_name), "lora_r": lora_r,
             "pool": files.digest(pool), "ratings": [float(r) for r in ratings], "lora_init": "evolve-lora", **(extra or {})}
-
-
-def train_and_evaluate(model_name: str, judge, problems, heldout, reference, pool: dict, ratings, cfg: EvolveConfig,
-                       grpo_cfg, folder, cache, lora_r: int = 16, progress: bool = True):
-    """Train one regime on a fresh LoRA adapter in `folder` (run.run_folder) and judge it on the held-out
-    problems through cache(name, key, make) (run.cached). Returns (step rows, evaluation summary with the
-    steps and training seconds, evaluation rows)."""
-    import torch
-
-    model, tok = models.load_model(model_name)
-    torch.manual_seed(config.derive_seed(grpo_cfg.seed, "evolve-lora"))  # the same adapter init for every regime
-    model = models.add_lora(model, r=lora_r, alpha=2 * lora_r)
-    rows = train(model, tok, judge, problems, pool, ratings, cfg, grpo_cfg, folder, progress)
-    key = {"run": folder.path.name, "heldout": files.digest([p.id + "|" + p.question for p in heldout]),
-           "reference": files.digest(list(reference)), "max_new_tokens": grpo_cfg.max_new_tokens, "seed": cfg.seed}
-
-    def make():
-        df, summary = judge_heldout(model, tok, judge, heldout, reference, grpo_cfg.max_new_tokens, cfg.seed, progress)
-        return {"summary": summary, "rows": df.to_dict("records")}
-
-    ev = cache("evolve_eval", key, make)
-    summary = {**ev["summary"], "steps": len(rows), "wall_time_s": float(sum(r.get("wall_s", 0.0) for r in rows))}
-    return rows, summary, ev["rows"]

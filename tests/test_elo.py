@@ -113,3 +113,9 @@ def test_plot_sampling_draws_one_bar_per_opponent():
     fig = elo.plot_sampling([1400, 1700, 2000], ["a", "b", "c"], 200.0, 1350.0, show=False)
     heights = [p.get_height() for p in fig.axes[0].patches]
     np.testing.assert_allclose(heights, elo.sampling_probs(1350.0, [1400, 1700, 2000], 200.0))
+
+
+def test_fit_ratings_accepts_an_integer_anchor():
+    wins = np.array([[0.5, 0.2], [0.8, 0.5]])
+    assert np.allclose(elo.fit_ratings(wins, anchor=0, anchor_rating=1350), elo.fit_ratings(wins, anchor=0, anchor_rating=1350.0))
+    assert elo.fit_ratings(wins, anchor=0, anchor_rating=1350)[1] > 1500

@@ -8,26 +8,25 @@ import pandas as pd
 import pytest
 import torch
 
-from replication import cache, elo, evolve, grpo, loop, models, stats, tasks, training
+from replication import cache, elo, evolve, evolve_eval, grpo, loop, models, paper, stats, tasks, training
 
 GOOD, WRONG, BARE = "So 3 + 4 = 7. The answer is 7.", "The answer is 9.", "seven i think 7"
 
 
-def test_quality_levels():
-    assert evolve.quality(GOOD, 7) == 4.0      # correct and formatted
-    assert evolve.quality(BARE, 7) == 3.0      # correct (last number), no format
-    assert evolve.quality(WRONG, 7) == 2.0     # formatted, wrong
-    assert evolve.quality("no idea", 7) == 1.0
+def test_correct_is_the_quality():
+    assert evolve.correct(GOOD, 7) == 1.0 and evolve.correct(BARE, 7) == 1.0     # format does not count
+    assert evolve.correct(WRONG, 7) == 0.0 and evolve.correct("no idea", 7) == 0.0
 
 
 def test_outcomes_win_loss_tie_and_length_rule():
     judge = evolve.QualityJudge(sigma_comp=0.01, sigma_abs=1.0)   # nearly noiseless comparisons
     rng = np.random.default_rng(0)
-    q, a = ["q"] * 4, [7] * 4
-    policy = [GOOD, WRONG, GOOD, GOOD + " and" * 30]
-    opponent = [WRONG, GOOD, GOOD, WRONG]
+    q, a = ["q"] * 5, [7] * 5
+    policy = [GOOD, WRONG, GOOD, GOOD + " and" * 30, BARE]
+    opponent = [WRONG, GOOD, GOOD, WRONG, GOOD]
     s = evolve.outcomes(judge, q, a, policy, opponent, rng, length_margin=20)
-    assert s.tolist() == [1.0, 0.0, 0.5, 0.0]  # win, loss, identical = tie, longer by > 20 words = 0
+    # win, loss, identical = tie, longer by > 20 words = 0, equally correct but unformatted = tie (format cannot win)
+    assert s.tolist() == [1.0, 0.0, 0.5, 0.0, 0.5]
     s = evolve.outcomes(judge, q, a, policy, opponent, rng, length_margin=40)
     assert s[3] == 1.0                         # within the margin the better answer wins again
     with pytest.raises(ValueError, match="length_margin"):
@@ -37,14 +36,69 @@ def test_outcomes_win_loss_tie_and_length_rule():
 def test_thurstone_win_probability_and_noise():
     judge = evolve.QualityJudge(sigma_comp=1.0, sigma_abs=2.0)
     p = judge.p_win(["q"], [7], [GOOD], [WRONG])[0]
-    assert p == pytest.approx(0.97725, abs=1e-4)        # Phi(2 / 1)
+    assert p == pytest.approx(0.84134, abs=1e-4)        # Phi(1 / 1): right vs wrong
     draws = evolve.outcomes(judge, ["q"] * 20000, [7] * 20000, [GOOD] * 20000, [WRONG] * 20000,
                             np.random.default_rng(1))
-    assert draws.mean() == pytest.approx(p, abs=0.005)
+    assert draws.mean() == pytest.approx(p, abs=0.01)
     scores = judge.scores(["q"] * 20000, [7] * 20000, [GOOD] * 20000, np.random.default_rng(2))
-    assert scores.mean() == pytest.approx(4.0, abs=0.05) and scores.std() == pytest.approx(2.0, abs=0.05)
+    assert scores.mean() == pytest.approx(1.0, abs=0.05) and scores.std() == pytest.approx(2.0, abs=0.05)
     with pytest.raises(ValueError, match="sigma_comp"):
         evolve.QualityJudge(sigma_comp=0)
+
+
+@pytest.mark.parametrize("reply, want", [("So 3 + 4 = 7. The answer is 7.", "So 3 + 4 = 7. The answer is 7."),
+                                         ("So 3 + 4 = 7.", "So 3 + 4 = 7. The answer is 7."),
+                                         ("So 3 + 4 = 7 (the answer is 7).", "So 3 + 4 = 7 The answer is 7."),
+                                         ("Answer: 7", "The answer is 7."), ("no idea", None)])
+def test_canonical_states_every_answer_one_way(reply, want):
+    assert evolve.canonical(reply) == want
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return models.tiny_model(seed=0)
+
+
+def test_likelihood_judge_is_reference_free_deterministic_and_blind_to_format(tiny):
+    model, tok = tiny
+    shots = tasks.worked_examples("1d-1step-add", 1, seed=0)
+    judge = evolve.LikelihoodJudge(model, tok, shots=shots)
+    qs = ["Mia has 3 apples. Mia gets 4 more apples. How many apples does Mia have now?"] * 4
+    a = ["3 + 4 = 7. The answer is 7.", "3 + 4 = 7.", "The answer is 9.", "no idea"]
+    b = ["3 + 4 = 7. Answer: 7", "3 + 4 = 7. The answer is 7.", "The answer is 9.", "no number"]
+    p = judge.p_win(qs, [7] * 4, a, b)
+    assert p[0] == p[1] == p[2] == p[3] == 0.5          # the same reply up to how the answer is stated: a tie
+    p_right = judge.p_win(qs[:1], [7], ["The answer is 7."], ["The answer is 8."])[0]
+    assert p_right in (0.0, 1.0)
+    assert judge.p_win(qs[:1], [123], ["The answer is 7."], ["The answer is 8."])[0] == p_right   # never sees the truth
+    assert judge.p_win(qs[:1], [7], ["The answer is 7."], ["no idea"])[0] == 1.0               # no number loses
+    n = len(judge.memo)
+    judge.p_win(qs[:1], [7], ["The answer is 8."], ["The answer is 7."])
+    assert len(judge.memo) == n                          # scored once
+    s = judge.scores(qs[:2], [7, 7], ["The answer is 7.", "no idea"])
+    assert s[1] == -10.0 and s[0] > -10.0
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_likelihood_judge_scores_match_a_direct_computation(tiny, k):
+    model, tok = tiny   # with shots, the worked examples' cache is computed once and shared by every question
+    judge = evolve.LikelihoodJudge(model, tok, shots=tasks.worked_examples("1d-1step-add", k, seed=1))
+    q, reply = "Leo has 2 coins. Leo gets 5 more coins. How many coins does Leo have now?", "2 + 5 = 7. The answer is 7."
+    ids = training.encode_pairs(tok, [judge.prompt(q)], [reply])
+    with torch.no_grad():
+        lp = training.completion_logps(model, *ids)
+    want = float((lp * ids[3]).sum() / ids[3].sum())
+    got = judge.judge_scores([q, q, "Another question?"], [reply, "2 + 5 = 7. The answer is 8.", reply])
+    assert got[0] == pytest.approx(want, abs=1e-4) and got[0] != got[1] and got[2] != got[0]
+    assert (judge._prefix() is not None) == (k > 0)
+
+
+def test_judge_accuracy_on_right_wrong_pairs():
+    problems = tasks.make_level("1d-1step-add", 3, seed=2)
+    players = {"a": [f"The answer is {p.answer}." for p in problems], "b": [f"The answer is {p.answer + 1}." for p in problems],
+               "c": ["no idea"] * 3}
+    out = evolve_eval.judge_accuracy(evolve.QualityJudge(0.01, 1.0), problems, players)
+    assert out["n"] == 3 and out["accuracy"] == pytest.approx(1.0) and out["problems"] == 3   # 'no idea' states no number
 
 
 def test_lc_win_rate_removes_a_length_effect():
@@ -66,7 +120,7 @@ def test_arena_reports_side_data_through_the_logging_callables():
     arena = evolve.Arena(judge, "static")
     rewards = arena(["p", "p"], [GOOD, WRONG], meta, log_metric=metrics.__setitem__, log_extra=extras.__setitem__)
     assert rewards == [1.0, 0.5] and extras == {"outcome": [1.0, 0.5]}
-    assert metrics["rollout_quality"] == 3.0 and metrics["rollout_accuracy"] == 0.5
+    assert "rollout_quality" not in metrics and metrics["rollout_accuracy"] == 0.5
     assert metrics["rollout_format_rate"] == 1.0 and metrics["rollout_words"] == 7.0
     assert not hasattr(arena, "last") and not hasattr(arena, "rollouts")
     extras.clear()
@@ -97,7 +151,7 @@ def test_pool_through_the_one_cache(tmp_path, tiny_pool_setup):
     assert set(pool) == {"weak", "mid", "strong"} and list(pool) == ["weak", "mid", "strong"]
     assert all(len(v) == len(problems) for v in pool.values())
     for mid, strong, p in zip(pool["mid"], pool["strong"], problems):   # strong picks from mid's sample + 2
-        assert evolve.quality(strong, p.answer) >= evolve.quality(mid, p.answer)
+        assert evolve.correct(strong, p.answer) >= evolve.correct(mid, p.answer)
     assert get()[0] == pool and len(made) == 1                       # reused, not rebuilt
     value = cache.path_for(tmp_path, "evolve_pool", key) / "value.json"
     value.write_text(json.dumps({**pool, "weak": ["tampered"] * len(problems)}))
@@ -108,33 +162,49 @@ def test_pool_through_the_one_cache(tmp_path, tiny_pool_setup):
         evolve.build_pool(model, tok, problems, specs + specs[:1], 4, 0, progress=False)
 
 
+def test_pool_opponents_with_worked_examples_and_greedy(tiny_pool_setup):
+    model, tok, problems, _ = tiny_pool_setup
+    specs = evolve.opponent_specs({"greedy": [0.0, 1], "shots": [0.7, 2, 1]}, 0.7, 1)
+    pool = evolve.build_pool(model, tok, problems, specs, 4, 0, level="1d-1step-add", progress=False)
+    assert pool["greedy"] == evolve.build_pool(model, tok, problems, specs[:1], 4, 0, progress=False)["greedy"]
+    for a, b, p in zip(pool["shots"], pool[evolve.START_PLAYER], problems):   # best of 2 includes the anchor's sample
+        assert a == b or evolve.correct(a, p.answer)
+    with pytest.raises(ValueError, match="level"):
+        evolve.build_pool(model, tok, problems, specs, 4, 0, progress=False)
+
+
 def test_opponent_specs_end_with_the_anchor():
-    specs = evolve.opponent_specs({"weak": [1.5, 1], "strong": [0.7, 4]}, 0.8)
+    specs = evolve.opponent_specs({"weak": [1.5, 1], "strong": [0.7, 4, 2]}, 0.8, 3)
     assert [s.name for s in specs] == ["weak", "strong", evolve.START_PLAYER]
-    assert specs[1].best_of == 4 and specs[-1].temperature == 0.8
+    assert specs[1].best_of == 4 and specs[1].shots == 2 and specs[0].shots == 0
+    assert specs[-1].temperature == 0.8 and specs[-1].shots == 3
 
 
-def fake_eval(p_win, words, ref_words=None):
+def fake_eval(p_win, words, ref_words=None, correct=None):
     n = len(p_win)
-    return pd.DataFrame({"p_win": p_win, "words": words, "ref_words": ref_words if ref_words is not None else [10] * n})
+    return pd.DataFrame({"p_win": p_win, "words": words, "ref_words": ref_words if ref_words is not None else [10] * n,
+                         "correct": correct if correct is not None else (np.asarray(p_win) > 0.5).astype(float)})
 
 
-def test_paired_comparisons_and_lc_difference():
+def test_compare_only_healthy_arms_and_lc_difference():
     rng = np.random.default_rng(0)
     n = 60
-    evals = {"point": fake_eval(rng.uniform(0.0, 0.4, n), [10] * n), "static-a": fake_eval(rng.uniform(0.3, 0.7, n), [10] * n),
-             "static-b": fake_eval(rng.uniform(0.3, 0.7, n), [10] * n), "elo-T200": fake_eval(rng.uniform(0.6, 1.0, n), [10] * n),
-             "elo-T20": fake_eval(rng.uniform(0.4, 0.8, n), [10] * n)}
-    results = {k: {"win_rate": float(v["p_win"].mean())} for k, v in evals.items()}
-    out = evolve.paired_comparisons(evals, results, seed=0)
-    assert out["elo_best"] == "elo-T200" and out["static_runs"] == ["static-a", "static-b"] and out["n"] == n
-    for k in ("elo_minus_point", "elo_minus_static", "static_minus_point"):
-        est, lo, hi = out[k]
-        assert 0 < lo <= est <= hi
-    assert out["elo_minus_static"][0] == pytest.approx(results["elo-T200"]["win_rate"] - out["win_rates"]["static"])
-    d, lo, hi = evolve.lc_difference(evals["elo-T200"], evals["point"], n_boot=200, seed=0)
+    evals = {"point": fake_eval(rng.uniform(0.0, 0.4, n), [10] * n), "static": fake_eval(rng.uniform(0.3, 0.7, n), [10] * n),
+             "elo": fake_eval(rng.uniform(0.6, 1.0, n), [10] * n)}
+    records = {"point": {"healthy": True}, "static": {"healthy": True}, "elo": {"healthy": True}}
+    out = evolve_eval.compare(evals, records, [("static", "point"), ("elo", "static")], "p_win", seed=0)
+    for k in ("static - point", "elo - static"):
+        est, lo, hi = out[k]["difference"]
+        assert 0 < lo <= est <= hi and evolve_eval.part_verdict(out[k]) == "reproduced"
+    assert out["elo - static"]["difference"][0] == pytest.approx(evals["elo"]["p_win"].mean() - evals["static"]["p_win"].mean())
+    records["static"]["healthy"] = False
+    out = evolve_eval.compare(evals, records, [("static", "point"), ("elo", "point")], "correct", seed=0)
+    assert out["static - point"] == {"failed": ["static"]} and "difference" in out["elo - point"]
+    assert evolve_eval.part_verdict(out["static - point"]) == "not tested"
+    assert "static failed" in evolve_eval.describe(out)
+    d, lo, hi = evolve_eval.lc_difference(evals["elo"], evals["point"], n_boot=200, seed=0)
     assert 0 < lo <= d <= hi                                        # equal lengths: the plain win-rate gap
-    assert d == pytest.approx(evals["elo-T200"]["p_win"].mean() - evals["point"]["p_win"].mean(), abs=1e-9)
+    assert d == pytest.approx(evals["elo"]["p_win"].mean() - evals["point"]["p_win"].mean(), abs=1e-9)
 
 
 def test_rating_rise_is_the_mean_rule_sum():
@@ -143,25 +213,80 @@ def test_rating_rise_is_the_mean_rule_sum():
         s = [1.0, 1.0, 0.0, 1.0]
         rows.append({"step": t, "opponents": ["a", "b"], "outcomes": s, "expected": elo.expected_score(rating, opp).tolist()})
         rating = elo.update(rating, s, opp, 32.0, "mean")
-    (rise, lo, hi), n = evolve.rating_rise(rows, k=32.0, n_boot=200)
+    (rise, lo, hi), n = evolve_eval.rating_rise(rows, k=32.0, n_boot=200)
     assert rise == pytest.approx(rating - 1350.0) and n == 6 and lo <= rise <= hi
 
 
-def test_results_table_sits_beside_the_paper():
+def test_rating_lag_matches_the_update():
+    lag = evolve_eval.rating_lag(32.0)
+    assert 20 < lag < 23
+    r, skill = 1350.0, 1355.0   # outcomes at the policy's skill against an opponent rated like the policy
+    r1 = elo.update(r, [elo.expected_score(skill, 1350.0)], [1350.0], 32.0, "mean")
+    assert (r1 - r) / (skill - r) == pytest.approx(1 / lag, rel=0.01)   # a step closes 1/lag of the gap
+    with pytest.raises(ValueError, match="k="):
+        evolve_eval.rating_lag(0)
+
+
+@pytest.mark.parametrize("rule, want", [("middle", "b"), ("strongest", "c"), ("weakest", "a"), ("nearest", "a")])
+def test_static_choice_by_a_rule_fixed_before_training(rule, want):
+    assert evolve_eval.static_choice(["c", "a", "b"], [1800.0, 1300.0, 1500.0], rule, start=1350.0) == want
+    with pytest.raises(ValueError, match="static_rule"):
+        evolve_eval.static_choice(["a"], [1.0], "best")
+
+
+def test_paper_role():
+    assert evolve_eval.paper_role("elo") == "elo" and evolve_eval.paper_role("point") == "point"
+    assert evolve_eval.paper_role("static", "middle") == "static-mid" and evolve_eval.paper_role("static", "nearest") is None
+
+
+def test_health_checks_and_the_arm_record():
+    base = {"accuracy": 0.4, "accuracy_ci95": [0.33, 0.47], "mean_words": 20.0}
+    rows = [{"reward_mean": r, "zero_std_frac": 0.25, "samples": 32, "rating_before": 1350.0 + 10 * i, "rating": 1360.0 + 10 * i}
+            for i, r in enumerate([0.2, 0.3, 0.4, 0.5])]
+    good = {"accuracy": 0.6, "accuracy_ci95": [0.53, 0.67], "mean_words": 18.0, "n": 200, "win_rate": 0.6, "lc_win_rate": 0.6}
+    check = evolve_eval.health(rows, good, base, "static")
+    assert check["healthy"] and check["signal"]["change"] == pytest.approx(0.2)
+    assert evolve_eval.health(rows, good, base, "elo")["signal"]["change"] == pytest.approx(40.0)
+    collapsed = {**good, "accuracy": 0.05, "mean_words": 4.0}
+    bad = evolve_eval.health(rows[::-1], collapsed, base, "point")
+    assert not bad["healthy"] and not any(bad["checks"].values())
+    rec = evolve_eval.arm_record("static-mid", rows, good, check)
+    assert rec["samples"] == 128 and rec["steps"] == 4 and rec["n_eval"] == 200 and rec["healthy"]
+    assert rec["interval"] == [0.53, 0.67] and rec["zero_gradient_share"] == 0.25
+    assert {"arm", "steps", "samples", "n_eval", "accuracy", "interval", "healthy"} <= set(rec)
+
+
+def test_sampling_movement():
+    rows = [{"probs": [0.8, 0.15, 0.05]}, {"probs": [0.4, 0.4, 0.2]}, {"probs": [0.1, 0.3, 0.6]}]
+    m = evolve_eval.sampling_movement(rows, ["a", "b", "c"])
+    assert m["largest_change"] == pytest.approx(0.7) and m["first"]["a"] == 0.8 and m["largest_range"] == pytest.approx(0.7)
+
+
+def test_results_table_and_the_papers_tables():
     r = {"win_rate": 0.6, "win_rate_ci95": [0.5, 0.7], "lc_win_rate": 0.55, "lc_win_rate_ci95": [0.4, 0.7],
          "accuracy": 0.5, "accuracy_ci95": [0.3, 0.7], "format_rate": 1.0, "mean_words": 12.0}
-    table = evolve.results_table({"base": r, "point": r, "static-weak": r, "elo-T200": r}, ["weak"])
-    at = evolve.paper_table1(500)
+    rec = {"steps": 3, "samples": 96, "zero_gradient_share": 0.5, "healthy": True}
+    table = evolve_eval.results_table({"base": r, "point": r, "static-mid": r, "elo-T200": r},
+                                      {"point": rec, "static-mid": rec, "elo-T200": rec},
+                                      {"base": "base", "point": "point", "static-mid": "static-mid", "elo-T200": "elo"})
+    at = evolve_eval.paper_table1(500)
     assert table.loc[3, "paper WR/LC @500"] == f"{at.loc['elo', 'alpacaeval_wr']:.2f} / {at.loc['elo', 'alpacaeval_lc']:.2f}"
-    assert table.loc[0, "win rate"] == "0.600 [0.500, 0.700]"
+    assert table.loc[0, "win rate"] == "0.600 [0.500, 0.700]" and table.loc[2, "samples"] == 96
+    both = evolve_eval.paper_tables("alpacaeval_wr")
+    assert set(both["table"]) == {"table1", "table2"} and len(both[both["table"] == "table2"]) == 4
+    t2 = paper.table("elo_evolve_table2")
+    assert set(t2["regime"]) == {"base", "static-weaker", "static-same-size", "static-other-family"}
+    assert len(t2) == 3 + 3 * 3 * 3 and t2["source"].str.contains("Table 2").all()
 
 
 def test_judge_heldout_with_given_replies():
     problems = tasks.make_level("1d-1step-add", 4, seed=1)
     good = [f"The answer is {p.answer}." for p in problems]
-    df, summary = evolve.judge_heldout(None, None, evolve.QualityJudge(0.01, 1.0), problems, ["no idea"] * 4, replies=good)
+    df, summary = evolve_eval.judge_heldout(None, None, evolve_eval.VerifierJudge(), problems, ["no idea"] * 4, replies=good)
     assert summary["n"] == 4 and summary["accuracy"] == 1.0 and summary["win_rate"] == pytest.approx(1.0)
     assert list(df["p_win"]) == pytest.approx([1.0] * 4)
+    p = evolve_eval.VerifierJudge().p_win(["q"] * 3, [7] * 3, [GOOD, BARE, WRONG], [WRONG, GOOD, "no"])
+    assert p.tolist() == [1.0, 0.5, 0.5]                 # the verifier: format does not count
 
 
 class RecordingJudge(evolve.QualityJudge):
@@ -196,7 +321,7 @@ def run_regime(tmp_path, regime, steps=3, opponent=None, folder=None, temperatur
 def test_steps_log_the_rollouts_side_data_and_the_matches(tmp_path):
     rows, *_ = run_regime(tmp_path, "elo", steps=2)
     for r in rows:
-        assert {"rollout_quality", "rollout_accuracy", "rollout_format_rate", "rollout_words"} <= set(r)
+        assert {"rollout_accuracy", "rollout_format_rate", "rollout_words", "samples"} <= set(r)
         assert len(r["outcomes"]) == len(r["expected"]) == 3 * 2 and r["win_rate"] == pytest.approx(np.mean(r["outcomes"]))
         opp_r = np.repeat([dict(zip(("weak", "mid", "strong"), (1300.0, 1500.0, 1700.0)))[o] for o in r["opponents"]], 2)
         np.testing.assert_allclose(r["expected"], elo.expected_score(r["rating_before"], opp_r))
