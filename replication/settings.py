@@ -71,6 +71,7 @@ class EloDynamics(Params):
     sliders: bool = p()
     model: str = MODEL
     level: str = p(choices=tuple(tasks.LEVELS))
+    shots: int = p(minimum=0)
     n_train: int = p()
     n_eval: int = p()
     train_steps: int = p()
@@ -81,19 +82,24 @@ class EloDynamics(Params):
     lr: float = p(low=0.0, high=0.1)
     kl_beta: float = p(low=0.0, high=10.0)
     lora_r: int = p()
-    judge: str = p(choices=("quality", "llm"))
+    judge: str = p(choices=("likelihood", "quality", "llm"))
     judge_model: Optional[str] = p()
+    judge_shots: int = p(minimum=0)
     sigma_comp: float = p(low=1e-9, high=100.0)
     abs_noise_ratio: Optional[float] = p(low=1e-9, high=1e3)
     length_margin: int = p(minimum=0)
+    elo_k: float = p(low=0.0, high=1e4)
     train_temperatures: list = p(each={"low": 1e-9, "high": 1e9})
+    static_rule: str = p(choices=("middle", "strongest", "weakest", "nearest"))
     opponents: dict = p()
 
     def check(self):
         self.at_most("prompts_per_step", self.n_train, "n_train")
         for name, spec in self.opponents.items():
-            if not (isinstance(spec, (list, tuple)) and len(spec) == 2 and spec[0] > 0 and int(spec[1]) == spec[1] >= 1):
-                raise ValueError(f"opponents[{name!r}]={spec!r} is not allowed; use [temperature > 0, best of >= 1]")
+            ok = isinstance(spec, (list, tuple)) and len(spec) in (2, 3) and spec[0] >= 0 and int(spec[1]) == spec[1] >= 1
+            if not (ok and (len(spec) == 2 or int(spec[2]) == spec[2] >= 0)):
+                raise ValueError(f"opponents[{name!r}]={spec!r} is not allowed; use [temperature >= 0 (0: greedy), "
+                                 "best of >= 1, shots >= 0 (optional)]")
 
 
 @notebook("03_rlpr_debiasing")
