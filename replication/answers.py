@@ -147,16 +147,30 @@ class Question:
     def prompt(self) -> str:
         return f"{self.question}\n{ANSWER_INSTRUCTION}"
 
+    def chat(self, shots=()):
+        """The prompt as chat turns: each worked example (a tasks.Problem with its solution) as a user turn in
+        this answer format and its solution as the assistant's reply, then this question; no shots: prompt()."""
+        if not shots:
+            return self.prompt()
+        turns = []
+        for s in shots:
+            turns += [{"role": "user", "content": f"{s.question}\n{ANSWER_INSTRUCTION}"},
+                      {"role": "assistant", "content": s.solution}]
+        return turns + [{"role": "user", "content": self.prompt()}]
+
     def meta(self) -> dict:
         return {"id": self.id, "reference": self.reference, "aliases": list(self.aliases), "value": self.value}
 
 
-def _arithmetic(problems, rng, split):
+STYLES = ("digits", "unit", "words")
+
+
+def _arithmetic(problems, rng, split, styles=STYLES):
     out = []
     for p in problems:
         item = next(w for w in tasks.ITEMS if w in p.question)
         forms = {"digits": str(p.answer), "words": number_words(p.answer), "unit": f"{p.answer} {item}"}
-        style = rng.choice(sorted(forms))
+        style = rng.choice(sorted(styles))
         aliases = (str(p.answer), number_words(p.answer), f"{p.answer} {item}", f"{number_words(p.answer)} {item}")
         out.append(Question(f"{split}-{p.id}", "arithmetic", p.question, forms[style], aliases, float(p.answer), style, split))
     return out
@@ -171,21 +185,27 @@ def _factual(rows, split):
     return out
 
 
-def make_questions(n_arithmetic: int, n_factual: int, seed: int = 0, level: str = "1d-1step-add") -> dict:
-    """{'train': [...], 'heldout': [...]}: arithmetic from the one train / held-out split (tasks.split) with
-    references written at random as digits, words or with the unit, plus factual questions from FACTUAL_CSV."""
+def make_questions(n_arithmetic: int, n_factual: int, seed: int = 0, level: str = "1d-1step-add",
+                   n_heldout: int = None, styles=STYLES) -> dict:
+    """{'train': [...], 'heldout': [...]}: arithmetic from the one train / held-out split (tasks.split; n_arithmetic
+    training and n_heldout held-out problems, default as many) with references written at random in one of
+    `styles` (digits, words, or with the unit), plus n_factual factual questions per split from FACTUAL_CSV."""
     import pandas as pd
 
     config.check_int("n_arithmetic", n_arithmetic, minimum=0)
     config.check_int("n_factual", n_factual, minimum=0)
+    n_heldout = n_arithmetic if n_heldout is None else n_heldout
+    config.check_int("n_heldout", n_heldout, minimum=0)
+    if not styles or any(x not in STYLES for x in styles):
+        raise ValueError(f"styles={styles!r} is not allowed; use a non-empty subset of {STYLES}")
     rng = random.Random(config.derive_seed(seed, "rlpr-questions"))
     fact = pd.read_csv(FACTUAL_CSV, dtype={"value": float}).to_dict("records")
     if n_factual > len(fact) // 2:
         raise ValueError(f"n_factual={n_factual} is not allowed; at most {len(fact) // 2} per split (file: {FACTUAL_CSV.name})")
     rng.shuffle(fact)
-    train_p, held_p = tasks.split(level, n_arithmetic, n_arithmetic, seed=seed)
+    train_p, held_p = tasks.split(level, n_arithmetic, n_heldout, seed=seed)
     facts = {"train": fact[:n_factual], "heldout": fact[-n_factual:] if n_factual else []}
-    return {split: _arithmetic(probs, rng, split) + _factual(facts[split], split)
+    return {split: _arithmetic(probs, rng, split, styles) + _factual(facts[split], split)
             for split, probs in (("train", train_p), ("heldout", held_p))}
 
 

@@ -18,18 +18,19 @@ COLUMNS = ("mean", "sequence", "geometric", "mean_debiased", "sequence_debiased"
 # ---- sampled replies and their rewards -------------------------------------------------------------
 
 def sample_replies(model, tok, questions, samples: int, temperature: float = 1.0, max_new_tokens: int = 48,
-                   batch_size: int = 16, seed: int = 0) -> pd.DataFrame:
-    """`samples` sampled replies per question with reference-token probabilities (probs: r's tokens, None when
+                   batch_size: int = 16, seed: int = 0, shots=()) -> pd.DataFrame:
+    """`samples` sampled replies per question (prompted with the worked examples `shots`; each question's replies
+    consecutive, from one shared prefill) with reference-token probabilities (probs: r's tokens, None when
     the reply has no answer), the no-reasoning tokens (base_probs: r'), the lenient oracle, the verifier and
     the format term. Wrap the call in run.cached: it is the expensive part of the reward-quality study."""
     config.check_int("samples", samples)
     qs = [q for q in questions for _ in range(samples)]
-    prompts = [q.prompt() for q in qs]
-    gen = models.generate(model, tok, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                          batch_size=batch_size)
+    prompts = [q.chat(shots) for q in qs]
+    gen = models.generate(model, tok, [q.chat(shots) for q in questions], max_new_tokens=max_new_tokens,
+                          temperature=temperature, seed=seed, batch_size=batch_size, repeats=samples)
     kw = {"temperature": temperature, "batch_size": batch_size}
     probs = reply_probs(model, tok, prompts, gen.texts, [q.reference for q in qs], **kw)
-    base = dict(zip([q.id for q in questions], baseline_probs(model, tok, [q.prompt() for q in questions],
+    base = dict(zip([q.id for q in questions], baseline_probs(model, tok, [q.chat(shots) for q in questions],
                                                               [q.reference for q in questions], **kw)))
     return pd.DataFrame([{"qid": q.id, "kind": q.kind, "style": q.style, "reference": q.reference, "reply": t,
                           "probs": p, "base_probs": base[q.id], "answered": p is not None, **answers.score_reply(t, q),
@@ -172,3 +173,21 @@ def debiasing_effect(table: pd.DataFrame, questions: pd.DataFrame) -> dict:
             "r_prime_mean": float(questions["r_prime"].mean()),
             "r_prime_range": [float(questions["r_prime"].min()), float(questions["r_prime"].max())],
             "clipped_share": float((table["mean"] - table["base_mean"] < 0).mean())}
+
+
+def baseline_options(table: pd.DataFrame) -> pd.DataFrame:
+    """Per kind of question and form of its reference, what each choice of r' leaves to learn from (mean
+    aggregation): the share of replies correct, the mean r', and the share of replies with a non-zero reward
+    core under no debiasing (r), the authors' r' (prompt directly followed by the answer phrase and the
+    reference) and a per-question baseline (the mean r of the question's sampled replies), with the
+    within-question AUC of each core (nan: no question with both right and wrong replies)."""
+    t = table.assign(group_mean=table.groupby("qid")["mean"].transform("mean"))
+    t["vs_group_mean"] = debias(t["mean"], t["group_mean"])
+    cores = {"no debiasing (r)": "mean", "authors' r'": "mean_debiased", "question mean r": "vs_group_mean"}
+    rows = {}
+    for (kind, style), g in t.groupby(["kind", "style"]):
+        y, q = g["correct"].to_numpy(bool), g["qid"].to_numpy()
+        rows[f"{kind}, {style}"] = {"replies": len(g), "correct": float(g["correct"].mean()), "r' mean": float(g["base_mean"].mean()),
+                      **{f"non-zero: {k}": float((g[c] > 0).mean()) for k, c in cores.items()},
+                      **{f"within-question AUC: {k}": stats.within_auc(g[c], y, q) for k, c in cores.items()}}
+    return pd.DataFrame(rows)

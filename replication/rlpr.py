@@ -23,15 +23,37 @@ def reference_mask(offsets, start: int, end: int) -> list:
     return [s < end and e > start and e > s for s, e in offsets]
 
 
+def shared_prompt_logps(model, prompt_ids, prompt_mask, which, completion_ids, mask, temperature: float = 1.0):
+    """Completion-token log-probs, shape (B, T), for completions that share prompts: the distinct prompts
+    (prompt_ids, left-padded) are encoded once and row b continues prompt which[b] (its keys and values
+    selected from the prompts' cache). Same values as one pass over each prompt + completion, up to rounding."""
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=models.position_ids(prompt_mask),
+                use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    cache.batch_select_indices(which)
+    first = out.logits[which, -1:]                                           # predicts completion token 0
+    T = completion_ids.shape[1]
+    if T == 1:
+        return training.token_logps(first, completion_ids, temperature)
+    attention = torch.cat([prompt_mask[which], mask[:, :-1]], 1)
+    positions = prompt_mask.sum(1)[which][:, None] + torch.arange(T - 1)[None, :]
+    rest = model(input_ids=completion_ids[:, :-1], attention_mask=attention, position_ids=positions,
+                 past_key_values=cache, use_cache=True).logits                # predicts tokens 1..T-1
+    return training.token_logps(torch.cat([first, rest], 1), completion_ids, temperature)
+
+
 def token_probs(model, tok, prompts, completions, spans, temperature: float = 1.0, batch_size: int = 16, system=None):
-    """Probabilities of the tokens overlapping each span, under the model (logits / temperature); None where span is None."""
+    """Probabilities of the tokens overlapping each span, under the model (logits / temperature); None where span
+    is None. Prompts (a user message or chat turns) that repeat within a batch (a rollout's group) are encoded once."""
     out = [None] * len(prompts)
     rows = [i for i, s in enumerate(spans) if s is not None]
+    texts = models.chat_prompts(tok, prompts, system)
     model.eval()
     for k in range(0, len(rows), batch_size):
         chunk = rows[k:k + batch_size]
-        enc = tok(models.chat_prompts(tok, [prompts[i] for i in chunk], system), return_tensors="pt", padding=True,
-                  add_special_tokens=False)
+        unique = list(dict.fromkeys(texts[i] for i in chunk))
+        enc = tok(unique, return_tensors="pt", padding=True, add_special_tokens=False)
+        which = torch.tensor([unique.index(texts[i]) for i in chunk])
         comp = [tok(completions[i], add_special_tokens=False, return_offsets_mapping=True) for i in chunk]
         T = max(len(c["input_ids"]) for c in comp)
         ids = torch.full((len(chunk), T), tok.pad_token_id, dtype=torch.long)
@@ -41,22 +63,32 @@ def token_probs(model, tok, prompts, completions, spans, temperature: float = 1.
             ids[j, :n], mask[j, :n] = torch.tensor(c["input_ids"]), 1
             ref[j, :n] = torch.tensor(reference_mask(c["offset_mapping"], *spans[i]))
         with torch.no_grad():
-            logps = training.completion_logps(model, enc["input_ids"], enc["attention_mask"], ids, mask, temperature)
+            logps = shared_prompt_logps(model, enc["input_ids"], enc["attention_mask"], which, ids, mask, temperature)
         for j, i in enumerate(chunk):
             out[i] = logps[j][ref[j]].exp().tolist()
     return out
 
 
+def reply_inputs(replies, references):
+    """(o' texts, reference spans) for token_probs: each reply with its answer replaced by the reference
+    ("" and None where no answer is found)."""
+    rep = [answers.replace_answer(c, r) for c, r in zip(replies, references)]
+    return [x[0] if x else "" for x in rep], [x[1:] if x else None for x in rep]
+
+
+def baseline_inputs(references, lead: str = "The answer is "):
+    """(texts, reference spans) for token_probs with no reasoning: lead + reference."""
+    return [lead + r for r in references], [(len(lead), len(lead) + len(r)) for r in references]
+
+
 def reply_probs(model, tok, prompts, replies, references, **kw):
     """Reference-token probabilities with the reasoning kept and the answer replaced (None: no answer found)."""
-    rep = [answers.replace_answer(c, r) for c, r in zip(replies, references)]
-    return token_probs(model, tok, prompts, [x[0] if x else "" for x in rep], [x[1:] if x else None for x in rep], **kw)
+    return token_probs(model, tok, prompts, *reply_inputs(replies, references), **kw)
 
 
 def baseline_probs(model, tok, prompts, references, lead: str = "The answer is ", **kw):
     """Reference-token probabilities with no reasoning: the prompt followed directly by lead + reference."""
-    return token_probs(model, tok, prompts, [lead + r for r in references],
-                       [(len(lead), len(lead) + len(r)) for r in references], **kw)
+    return token_probs(model, tok, prompts, *baseline_inputs(references, lead), **kw)
 
 
 # ---- aggregation and debiasing ---------------------------------------------------------------------
@@ -83,31 +115,54 @@ def debias(r, r_prime):
 class Reward:
     """reward_fn for GRPOTrainer: RLPR (probability) or RLVR (exact match), plus the format term.
 
-    reward = (1 - format_weight) * core + format_weight * format, core = clip(r - r', 0, 1) with a baseline
-    {question id: r' token probabilities}, clip(r, 0, 1) without. Side data go to the rollout record:
-    log_extra r, core, format and correct (lenient oracle) per completion; log_metric answer_found (the
-    share of replies with an answer span)."""
+    reward = (1 - format_weight) * core + format_weight * format, core = clip(r - r', 0, 1) with a baseline,
+    clip(r, 0, 1) without (baseline=None). baseline="policy": r' of each question in the batch is scored under
+    the policy as it is at that call (the prompt directly followed by "The answer is " and the reference, as
+    the authors do each step); a dict {question id: r' token probabilities}: a fixed r'. Side data go to the
+    rollout record: log_extra r, core, format and correct (lenient oracle) per completion; log_metric
+    answer_found (the share of replies with an answer span) and, when debiased, r_prime (mean r' of the
+    batch's questions) and debiased_nonzero (the share of replies with r > r')."""
 
-    def __init__(self, model, tok, kind: str = "probability", aggregation: str = "mean", baseline: dict = None,
+    def __init__(self, model, tok, kind: str = "probability", aggregation: str = "mean", baseline=None,
                  format_weight: float = 0.1, temperature: float = 1.0, batch_size: int = 16, system=None):
         config.check_choice("kind", kind, ("probability", "verifier"))
         config.check_choice("aggregation", aggregation, AGGREGATIONS)
         config.check_range("format_weight", format_weight, 0.0, 1.0)
+        if not (baseline is None or baseline == "policy" or isinstance(baseline, dict)):
+            raise ValueError(f"baseline={baseline!r} is not allowed; use None, 'policy' or a dict of r' token probabilities")
         self.model, self.tok, self.kind, self.aggregation, self.baseline = model, tok, kind, aggregation, baseline
         self.w, self.temperature, self.batch_size, self.system = format_weight, temperature, batch_size, system
+
+    def probabilities(self, prompts, completions, metadata):
+        """(reference-token probabilities of each reply, {question id: r' token probabilities}): one scoring
+        pass, in which the policy's r' rows (baseline="policy", one per question) share the replies' prompts."""
+        texts, spans = reply_inputs(completions, [m["reference"] for m in metadata])
+        first = {}
+        if self.baseline == "policy":
+            first = {m["id"]: i for i, m in reversed(list(enumerate(metadata)))}
+            more = baseline_inputs([metadata[i]["reference"] for i in first.values()])
+            prompts = list(prompts) + [prompts[i] for i in first.values()]
+            texts, spans = texts + more[0], spans + more[1]
+        probs = token_probs(self.model, self.tok, prompts, texts, spans, temperature=self.temperature,
+                            batch_size=self.batch_size, system=self.system)
+        n = len(completions)
+        return probs[:n], (dict(zip(first, probs[n:])) if self.baseline == "policy" else self.baseline)
 
     def __call__(self, prompts, completions, metadata, log_metric=None, log_extra=None):
         refs = [m["reference"] for m in metadata]
         fmt = np.array([answers.format_score(c) for c in completions])
         correct = [answers.is_correct(c, m["aliases"], m.get("value")) for c, m in zip(completions, metadata)]
+        found = np.mean([answers.locate_answer(c) is not None for c in completions])
+        metrics = {"answer_found": found}
         if self.kind == "verifier":
             r = core = np.array([float(answers.exact_match(c, ref)) for c, ref in zip(completions, refs)])
         else:
-            probs = reply_probs(self.model, self.tok, prompts, completions, refs, temperature=self.temperature,
-                                batch_size=self.batch_size, system=self.system)
+            probs, table = self.probabilities(prompts, completions, metadata)
             r = np.array([aggregate(p, self.aggregation) for p in probs])
             if self.baseline is not None:
-                core = debias(r, [aggregate(self.baseline[m["id"]], self.aggregation) for m in metadata])
+                rp = np.array([aggregate(table[m["id"]], self.aggregation) for m in metadata])
+                core = debias(r, rp)
+                metrics |= {"r_prime": float(rp.mean()), "debiased_nonzero": float((core > 0).mean())}
             else:
                 core = np.clip(r, 0.0, 1.0)
         reward = (1 - self.w) * core + self.w * fmt
@@ -115,5 +170,6 @@ class Reward:
             for name, values in (("r", r.tolist()), ("core", core.tolist()), ("format", fmt.tolist()), ("correct", correct)):
                 log_extra(name, values)
         if log_metric is not None:
-            log_metric("answer_found", np.mean([answers.locate_answer(c) is not None for c in completions]))
+            for name, value in metrics.items():
+                log_metric(name, value)
         return reward.tolist()

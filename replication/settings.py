@@ -108,11 +108,16 @@ class RLPR(Params):
     model: str = MODEL
     n_arithmetic: int = p(minimum=0)
     n_factual: int = p(minimum=0)
-    samples: int = p()
+    samples: int = p(minimum=2)
     temperature: float = p(low=0.05, high=2.0)
     max_new_tokens: int = p()
     batch_size: int = p()
     n_boot: int = p()
+    level: str = p(choices=tuple(tasks.LEVELS))
+    shots: int = p(minimum=0)
+    styles: list = p(each={"choices": ("digits", "unit", "words")})
+    n_train: int = p()
+    n_heldout: int = p()
     steps: int = p()
     batch_prompts: int = p()
     group: int = p(minimum=2)
@@ -126,7 +131,8 @@ class RLPR(Params):
     def check(self):
         if self.warmup_end <= self.warmup_start:
             raise ValueError(f"warmup_end={self.warmup_end} is not allowed; it must be > warmup_start = {self.warmup_start}")
-        self.at_most("batch_prompts", self.n_arithmetic + self.n_factual, "n_arithmetic + n_factual")
+        self.at_most("warmup_end", self.steps, "steps")
+        self.at_most("batch_prompts", self.n_train, "n_train")
 
 
 @notebook("04_debate_judge_accuracy")

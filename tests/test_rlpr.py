@@ -93,6 +93,20 @@ def test_token_probs_match_a_direct_forward_pass(tiny):
     assert probs == pytest.approx(want, rel=1e-4)
 
 
+def test_shared_prompts_score_as_separate_passes(tiny):
+    model, tok = tiny
+    turns = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2. The answer is 2."},
+             {"role": "user", "content": "2+2?"}]
+    prompts = ["hi", turns, "hi", "a longer prompt here", turns]
+    replies = ["so the answer is 5.", "The answer is 9.", "the answer is 77", "no answer", "x. The answer is 3"]
+    refs = ["42", "4", "7", "1", "four"]
+    together = rlpr.reply_probs(model, tok, prompts, replies, refs, temperature=0.8, batch_size=8)
+    alone = [rlpr.reply_probs(model, tok, [p], [c], [r], temperature=0.8)[0] for p, c, r in zip(prompts, replies, refs)]
+    assert together[3] is None and alone[3] is None
+    for a, b in zip(together, alone):
+        assert (a is None) == (b is None) and (a is None or a == pytest.approx(b, rel=1e-4, abs=1e-7))
+
+
 # ---- aggregation, debiasing, format, verifiers ----
 
 def test_aggregations_against_hand_values():
@@ -144,6 +158,24 @@ def test_reward_logs_its_side_data_per_completion(tiny):
     assert big == [pytest.approx(0.1)]   # r' = 1 removes everything but the format term
     verifier = rlpr.Reward(model, tok, kind="verifier", format_weight=0.0)
     assert verifier(["p", "p"], ["The answer is 7.", "The answer is seven."], meta) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="baseline='initial'"):
+        rlpr.Reward(model, tok, baseline="initial")
+
+
+def test_policy_baseline_is_scored_per_question_under_the_current_model(tiny):
+    model, tok = tiny
+    meta = [{"id": q, "reference": ref, "aliases": [ref], "value": None} for q, ref in (("a", "7"), ("a", "7"), ("b", "42"))]
+    prompts, replies = ["p", "p", "q"], ["x. The answer is 3.", "The answer is 7.", "so the answer is 1."]
+    rec = Recorder(3)
+    out = rlpr.Reward(model, tok, baseline="policy", format_weight=0.0)(prompts, replies, meta, log_metric=rec.log_metric,
+                                                                      log_extra=rec.log_extra)
+    rp = [rlpr.aggregate(x) for x in rlpr.baseline_probs(model, tok, ["p", "p", "q"], ["7", "7", "42"])]
+    r = [rlpr.aggregate(x) for x in rlpr.reply_probs(model, tok, prompts, replies, ["7", "7", "42"])]
+    assert out == pytest.approx(rlpr.debias(r, rp).tolist(), abs=1e-6) and rec.extras["r"] == pytest.approx(r, abs=1e-6)
+    assert rec.metrics["r_prime"] == pytest.approx(np.mean(rp), abs=1e-6)
+    assert rec.metrics["debiased_nonzero"] == pytest.approx(np.mean(np.array(out) > 0))
+    fixed = rlpr.Reward(model, tok, baseline={"a": [0.0], "b": [0.0]}, format_weight=0.0)(prompts, replies, meta)
+    assert fixed == pytest.approx(r, abs=1e-6)   # r' = 0 leaves r
 
 
 def test_reward_side_data_reach_the_rollout_record():
@@ -278,6 +310,23 @@ def test_questions_are_reproducible_and_match_the_committed_file():
         answers.make_questions(4, 31)
 
 
+def test_heldout_size_styles_and_worked_examples():
+    from replication import tasks
+
+    split = answers.make_questions(10, 0, seed=0, n_heldout=30, styles=("digits",))
+    assert len(split["train"]) == 10 and len(split["heldout"]) == 30 and not split["train"][0].kind == "factual"
+    assert {q.style for qs in split.values() for q in qs} == {"digits"}
+    assert [q.id for q in split["train"]] == [q.id for q in answers.make_questions(10, 0, seed=0)["train"]]
+    assert not {q.question for q in split["train"]} & {q.question for q in split["heldout"]}
+    with pytest.raises(ValueError, match="styles=.*roman"):
+        answers.make_questions(4, 0, styles=("roman",))
+    q, shots = split["train"][0], tasks.worked_examples("1d-1step-add", 2, seed=0)
+    turns = q.chat(shots)
+    assert q.chat() == q.prompt() and [t["role"] for t in turns] == ["user", "assistant"] * 2 + ["user"]
+    assert turns[1]["content"] == shots[0].solution and turns[1]["content"].endswith(f"The answer is {shots[0].answer}.")
+    assert turns[0]["content"].endswith(answers.ANSWER_INSTRUCTION) and turns[-1]["content"] == q.prompt()
+
+
 # ---- the filtered GRPO loop ----
 
 def letter_reward(prompts, completions, metadata, log_metric=None, log_extra=None):
@@ -306,6 +355,9 @@ def test_filtered_loop_filters_refills_and_resumes(tmp_path):
     assert any(r["fraction_filtered"] > 0 for r in rows[1:]) and any(r["rollouts"] == 2 for r in rows[1:])
     assert all(r["train_correct"] is not None and r["r_mean"] is not None for r in rows)
     assert all(r["prompts_updated"] <= 2 for r in rows) and any(r["prompts_updated"] == 0 for r in rows)  # a step with no update
+    for r in rows:   # a refill rolls out only as many prompts as were dropped
+        assert r["prompts_rolled"] == 2 if r["rollouts"] == 1 else 2 < r["prompts_rolled"] <= 4
+        assert 0.0 <= r["zero_std_rolled"] <= 1.0 and r["completion_len"] > 0
     folder = loop.RunFolder(tmp_path / "b")
     first = make_trainer()
     rlpr_training.train(first, pool, 2, 2, folder, filt(), progress=False)
@@ -322,22 +374,72 @@ def test_filtered_loop_filters_refills_and_resumes(tmp_path):
 
 # ---- held-out answers and the notebook's summaries ----
 
-def test_answer_heldout_and_summaries(tiny):
+def step_rows(rewards, lengths=None):
+    n = len(rewards)
+    return pd.DataFrame({"step": range(n), "reward_mean": rewards, "wall_s": [1.0] * n, "train_correct": [0.5] * n,
+                         "grad_norm": [1.0, 3.0] * (n // 2) + [2.0] * (n % 2), "update_std_mean": [0.1] * n,
+                         "threshold": [None] + [0.2] * (n - 1), "ema": [None] + [0.4] * (n - 1),
+                         "fraction_filtered": [0.0] + [0.5] * (n - 1), "rollouts": [1] + [2] * (n - 1),
+                         "prompts_updated": [4] * n, "zero_std_rolled": [0.25] * n, "zero_std_updated": [0.0] * n,
+                         "completion_len": lengths or [18.0] * n})
+
+
+def heldout_table(correct, tokens=12):
+    return pd.DataFrame({"qid": [f"q{i}" for i in range(len(correct))], "correct": correct,
+                         "verified": [False] * len(correct), "format": [1.0] * len(correct), "tokens": [tokens] * len(correct)})
+
+
+def test_answer_heldout_and_paired_difference(tiny):
+    from replication import tasks
+
     qs = answers.make_questions(3, 1, seed=0)["heldout"]
-    table = rlpr_training.answer_heldout(*tiny, qs, max_new_tokens=4, batch_size=2)
-    assert list(table.qid) == [q.id for q in qs] and {"correct", "verified", "format"} <= set(table.columns)
-    base = pd.DataFrame({"qid": ["a", "b", "c", "d"], "correct": [False, True, False, False],
-                         "verified": [False] * 4, "format": [1.0] * 4})
+    shots = tasks.worked_examples("1d-1step-add", 1)
+    table = rlpr_training.answer_heldout(*tiny, qs, max_new_tokens=4, batch_size=2, shots=shots)
+    assert list(table.qid) == [q.id for q in qs] and {"correct", "verified", "format", "tokens"} <= set(table.columns)
+    base = heldout_table([False, True, False, False])
     better = base.assign(correct=[True, True, True, False])[::-1]   # same questions, another order
     d, lo, hi = rlpr_training.heldout_difference(better, base, seed=0)
     assert d == 0.5 and lo <= d <= hi
-    rows = pd.DataFrame({"step": [0, 1], "wall_s": [1.0, 2.0], "train_correct": [0.2, 0.4], "grad_norm": [1.0, 3.0],
-                         "update_std_mean": [0.1, 0.3], "threshold": [None, 0.2], "ema": [None, 0.4],
-                         "fraction_filtered": [0.0, 0.5], "rollouts": [1, 2]})
-    summary = rlpr_training.training_summary({"rlpr": (rows, better)}, base, seed=0)
-    assert summary["base (no training)"]["heldout_accuracy"] == 0.25 and summary["rlpr"]["heldout_accuracy"] == 0.75
-    assert summary["rlpr"]["vs_base"]["difference"] == 0.5 and summary["rlpr"]["train_wall_s"] == 3.0
-    assert summary["rlpr"]["grad_norm_cv"] == pytest.approx(np.std([1.0, 3.0], ddof=1) / 2.0)
+    with pytest.raises(ValueError, match="same questions"):
+        rlpr_training.heldout_difference(base.iloc[:3], base)
+
+
+def test_health_check_and_arm_records():
+    rng = np.random.default_rng(0)
+    base = heldout_table([True] * 40 + [False] * 60)                      # 0.40, Wilson low ~0.31
+    rising = step_rows(list(np.linspace(0.2, 0.6, 12) + rng.normal(0, 0.02, 12)))
+    good = heldout_table([True] * 60 + [False] * 40)
+    h = rlpr_training.health(rising, good, base, n_boot=200)
+    assert h["healthy"] and h["failed"] == [] and h["reward_rise"][1] > 0
+    assert h["base_accuracy_low"] == pytest.approx(stats.proportion_ci(40, 100)[1])
+    flat = step_rows([0.4, 0.6, 0.5] * 4)                                  # no clear rise over the steps
+    assert rlpr_training.health(flat, good, base, n_boot=200)["failed"] == ["reward_rose"]
+    worse = heldout_table([True] * 20 + [False] * 80)
+    assert rlpr_training.health(rising, worse, base, n_boot=200)["failed"] == ["accuracy_ok"]
+    short = step_rows(list(np.linspace(0.2, 0.6, 12)), lengths=[18.0] * 6 + [4.0] * 6)
+    assert rlpr_training.health(short, good, base, n_boot=200)["failed"] == ["length_ok"]
+    terse = heldout_table([True] * 60 + [False] * 40, tokens=5)
+    assert rlpr_training.health(rising, terse, base, n_boot=200)["failed"] == ["length_ok"]
+    first, last = rlpr_training.thirds(10)
+    assert first.sum() == last.sum() == 3 and first[:3].all() and last[-3:].all()
+    assert rlpr_training.thirds(2)[0].tolist() == [True, False]
+
+    rec = rlpr_training.arm_record("rlpr", rising, good, base, group=8, n_boot=200)
+    assert {"arm": "rlpr", "steps": 12, "samples": 12 * 4 * 8, "n_eval": 100, "accuracy": 0.6, "healthy": True}.items() <= rec.items()
+    assert rec["interval"] == pytest.approx(list(stats.proportion_ci(60, 100)[1:]))
+    assert rec["vs_base"]["difference"] == pytest.approx(0.2) and rec["zero_std_rolled"] == 0.25 and rec["rollouts"] == 23
+    assert rec["grad_norm_cv"] == pytest.approx(np.std([1.0, 3.0] * 6, ddof=1) / 2.0)
+    records = {"rlpr": rec, "rlvr": rlpr_training.arm_record("rlvr", flat, good, base, 8, 200),
+               "base": rlpr_training.base_record(base)}
+    tables = {"rlpr": good, "rlvr": good, "base": base}
+    vs_base = rlpr_training.compare("rlpr", "base", tables, records, n_boot=200)
+    assert vs_base["pair"] == "rlpr - base" and vs_base["basis"] == {"interval": tuple(vs_base["ci95"])}
+    blocked = rlpr_training.compare("rlpr", "rlvr", tables, records, n_boot=200)
+    assert blocked["basis"] == {"not_tested": "not compared: failed health check: rlvr (reward_rose)"}
+
+
+def test_filter_summary():
+    rows = step_rows([0.1, 0.2])
     filt = rlpr_training.filter_summary({"rlpr": rows}, beta=0.5, warmup=(0, 1))
     assert filt["final_threshold"] == pytest.approx(0.2) and filt["fraction_filtered"] == 0.5
     assert filt["threshold_by_step"] == [None, 0.2] and rlpr_training.filter_summary({}, 0.5, (0, 1))["fraction_filtered"] is None
