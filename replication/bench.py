@@ -1,10 +1,15 @@
 """Benchmark (not a test): one full GRPO step, our trainer vs TRL's GRPOTrainer, on the same config.
 
     python -m replication bench grpo [--reps 3] [--config benchmark|workbook|both] [--json out.json]
+    python -m replication bench update [--reps 3] [--config benchmark|workbook]   (both: benchmark)
 
-Each trainer runs in a fresh process (so its peak resident memory is its own), one warm-up step then `reps`
-timed steps. Rows: our trainer sampling from a bf16 copy of the policy (its fastest setting here) and in fp32;
-TRL in fp32 and in its bf16 mixed precision; the ratio compares each trainer's fastest row, and both fp32 rows.
+grpo: each trainer runs in a fresh process (so its peak resident memory is its own), one warm-up step then `reps`
+timed steps. Rows: our trainer sampling from a bf16 copy of the policy and updating with bf16 base weights (its
+fastest setting here) and all in fp32; TRL in fp32 and in its bf16 mixed precision; the ratio compares each
+trainer's fastest row, and both fp32 rows.
+
+update: our update phase (forward, backward and AdamW over prompts x G completions of max_new_tokens tokens) and
+the reference scoring pass, update_dtype float32 vs bfloat16, interleaved in one process; medians.
 """
 import argparse
 import multiprocessing
@@ -16,6 +21,7 @@ import time
 import torch
 
 from . import grpo, models, tasks
+from .rollout import Rollout
 
 LORA_R = 16
 CONFIGS = {
@@ -55,13 +61,14 @@ def peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def ours(model_name: str, cfg: dict, reps: int, rollout_dtype: str = "float32") -> dict:
+def ours(model_name: str, cfg: dict, reps: int, rollout_dtype: str = "float32", update_dtype: str = "float32") -> dict:
     """Step times of replication.grpo, with the split of the step and the share of zero-gradient groups."""
     torch.manual_seed(0)
     model, tok = models.load_model(model_name)
     model = models.add_lora(model, r=LORA_R, alpha=2 * LORA_R)
     gcfg = grpo.GRPOConfig(num_generations=cfg["G"], max_new_tokens=cfg["max_new_tokens"], beta=cfg["beta"], lr=1e-5,
-                           temperature=cfg["temperature"], top_p=cfg["top_p"], rollout_dtype=rollout_dtype)
+                           temperature=cfg["temperature"], top_p=cfg["top_p"], rollout_dtype=rollout_dtype,
+                           update_dtype=update_dtype)
     trainer = grpo.GRPOTrainer(model, tok, reward_fn(cfg["reward"]), gcfg)
     probs = problems(cfg)
     prompts, meta = [p.prompt() for p in probs], [{"answer": p.answer} for p in probs]
@@ -133,7 +140,7 @@ def _child(args):
     fn, model_name, cfg, reps, threads, option = args
     torch.set_num_threads(threads)
     if fn == "ours":
-        return ours(model_name, cfg, reps, rollout_dtype=option)
+        return ours(model_name, cfg, reps, rollout_dtype=option[0], update_dtype=option[1])
     return trl(model_name, cfg, reps, bf16=option)
 
 
@@ -143,8 +150,10 @@ def isolated(fn: str, model_name: str, cfg: dict, reps: int, option) -> dict:
         return pool.apply(_child, ((fn, model_name, cfg, reps, torch.get_num_threads(), option),))
 
 
-# (label, trainer, option): our fastest setting samples from a bf16 copy of the policy; fp32 rows for both
-SETTINGS = [("replication.grpo, bf16 rollout", "ours", "bfloat16"), ("replication.grpo, fp32", "ours", "float32"),
+# (label, trainer, option): ours (rollout_dtype, update_dtype): the fastest setting samples from a bf16 copy of the
+# policy and updates with the frozen base weights in bf16; TRL: its bf16 flag; fp32 rows for both
+SETTINGS = [("replication.grpo, bf16 rollout + bf16 update", "ours", ("bfloat16", "bfloat16")),
+            ("replication.grpo, fp32", "ours", ("float32", "float32")),
             ("TRL 1.16 GRPOTrainer, fp32", "trl", False), ("TRL 1.16 GRPOTrainer, bf16", "trl", True)]
 
 
@@ -179,9 +188,50 @@ def show(r: dict) -> None:
                   f"{r['matmul_peak_flops'] / 1e9:.1f} GFLOP/s ({100 * x['update_flops'] / r['matmul_peak_flops']:.0f}%)")
 
 
+def update_phase(model_name: str, cfg: dict, reps: int, dtypes=("float32", "bfloat16")) -> dict:
+    """Seconds of our update phase (forward + backward + AdamW over prompts x G completions of max_new_tokens
+    tokens, all unmasked, beta as in cfg) and of the reference scoring pass, for each update_dtype, interleaved
+    in one process after one warm-up of each: {"update": {dtype: [wall s, ...]}, "update_cpu": {dtype: [CPU s,
+    ...]}, "scoring": ..., "scoring_cpu": ..., "median": {phase: {dtype: s}}}."""
+    torch.manual_seed(0)
+    model, tok = models.load_model(model_name)
+    model = models.add_lora(model, r=LORA_R, alpha=2 * LORA_R)
+    G, T = cfg["G"], cfg["max_new_tokens"]
+    texts = models.chat_prompts(tok, [p.prompt() for p in problems(cfg)])
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    p_ids, p_mask = enc["input_ids"].repeat_interleave(G, 0), enc["attention_mask"].repeat_interleave(G, 0)
+    c_ids = torch.randint(0, len(tok), (len(p_ids), T))
+    batch = Rollout(p_ids, p_mask, c_ids, torch.ones_like(c_ids), [""] * len(p_ids), torch.randn(len(p_ids)), G)
+    batch.advantages = torch.randn(len(p_ids))
+    trainers = {d: grpo.GRPOTrainer(model, tok, None, grpo.GRPOConfig(num_generations=G, max_new_tokens=T, lr=1e-5,
+                                                                      beta=cfg["beta"], update_dtype=d))
+                for d in dtypes}
+
+    def score(t):
+        with torch.no_grad(), t.precision(), model.disable_adapter():
+            batch.ref_logps = t._logps(batch) if cfg["beta"] > 0 else None
+
+    def clocked(fn, t):  # wall seconds, and this process's CPU seconds (all threads): steadier on a shared machine
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn(t)
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    out = {f"{kind}{clock}": {d: [] for d in dtypes} for kind in ("scoring", "update") for clock in ("", "_cpu")}
+    for rep in range(reps + 1):  # the first round warms up and is not counted
+        for d, t in trainers.items():
+            for kind, fn in (("scoring", score), ("update", lambda t: t.update(batch))):
+                wall, cpu = clocked(fn, t)
+                if rep:
+                    out[kind][d].append(wall)
+                    out[f"{kind}_cpu"][d].append(cpu)
+    out["median"] = {phase: {d: statistics.median(v) for d, v in x.items()} for phase, x in list(out.items())}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m replication bench")
-    ap.add_argument("what", choices=["grpo"])
+    ap.add_argument("what", choices=["grpo", "update"],
+                    help="grpo: full steps, ours vs TRL; update: our update and scoring phases, fp32 vs bf16")
     ap.add_argument("--reps", type=int, default=3, help="timed steps per trainer (after one warm-up step)")
     ap.add_argument("--config", default="both", choices=[*CONFIGS, "both"])
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -190,6 +240,23 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error(f"--reps {args.reps} is not allowed; it must be >= 1")
+    if args.what == "update":
+        name = "benchmark" if args.config == "both" else args.config
+        c = CONFIGS[name]
+        print(f"{torch.get_num_threads()} threads, {args.reps} interleaved rounds after one warm-up; {name} config: "
+              f"{c['prompts']} prompts x G={c['G']}, {c['max_new_tokens']} completion tokens, beta={c['beta']}")
+        r = update_phase(args.model, c, args.reps)
+        for phase in ("update", "update_cpu", "scoring", "scoring_cpu"):
+            for d, xs in r[phase].items():
+                print(f"{phase} {d}: median {r['median'][phase][d]:.2f} s ({', '.join(f'{x:.2f}' for x in xs)})")
+            if len(r[phase]) == 2:
+                print(f"{phase}: float32 / bfloat16 = {r['median'][phase]['float32'] / r['median'][phase]['bfloat16']:.2f}x")
+        if args.json:
+            from . import files
+
+            files.write_json(args.json, {"date": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads(),
+                                         "config": name, "settings": c, **r})
+        return 0
     print(f"{torch.get_num_threads()} threads, {args.reps} timed steps per trainer after one warm-up, "
           f"each trainer in its own process")
     peak = matmul_peak()

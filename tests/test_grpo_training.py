@@ -73,6 +73,7 @@ def test_finished_run_is_skipped(tmp_path):
     ({"loss_type": "ppo"}, "loss_type='ppo'"),
     ({"advantage": "gae"}, "advantage='gae'"),
     ({"max_new_tokens": 0}, "max_new_tokens=0"),
+    ({"update_dtype": "float16"}, "update_dtype='float16'"),
 ])
 def test_bad_configs_name_the_parameter(overrides, message):
     with pytest.raises(ValueError, match=message):
