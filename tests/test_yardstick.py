@@ -47,3 +47,19 @@ def test_choose_lr_uses_training_reward_only():
     assert summary["heldout_accuracy"].isna().all()
     assert yardstick.choose_lr(summary) == 1e-4
     assert isinstance(summary, pd.DataFrame)
+
+
+def test_summary_health_and_arm_record():
+    base = row(None, [0] * 100 + [1] * 100)
+    base.pop("step")
+    evals = [row(1, [1] * 10 + [0] * 95 + [1] * 95), row(3, [0] * 20 + [1] * 180)]
+    curve = yardstick.curve_table(base, evals, seed=0)
+    cfg = {"level": "2d-1step-add", "shots": 3, "temperature": 0.7, "lr": 1e-4, "steps": 4, "prompts_per_step": 4,
+           "group_size": 8, "eval_every": 2}
+    rising = [{"reward_mean": r, "zero_std_frac": 0.25} for r in (0.2, 0.3, 0.6, 0.8)]
+    out, arm = yardstick.summary(curve, rising, cfg)
+    assert out["steps_to_gain"] == 4 and out["gain_excludes_0"] and out["final_accuracy"] == 0.9
+    assert arm == {"arm": "rlvr lr 0.0001", "steps": 4, "samples": 128, "n_eval": 200, "accuracy": 0.9,
+                   "interval": arm["interval"], "healthy": True}
+    falling = [{"reward_mean": r, "zero_std_frac": 0.25} for r in (0.8, 0.6, 0.3, 0.2)]
+    assert not yardstick.summary(curve, falling, cfg)[1]["healthy"]
