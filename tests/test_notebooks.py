@@ -41,6 +41,20 @@ def test_notebook_is_clean_and_parameterised(stem):
     assert "run.finish()" in "".join(c.source for c in code)
 
 
+@pytest.mark.parametrize("stem", STEMS)
+def test_papermill_reads_every_parameter_line(stem, caplog):
+    """papermill parses the parameters cell line by line (to list and inject parameters); a line it cannot read
+    (e.g. an '=' inside a comment) prints 'Unable to parse line N' on every run."""
+    from papermill.translators import PythonTranslator
+
+    nb = nbformat.read(runner.NOTEBOOKS / f"{stem}.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    with caplog.at_level("WARNING", logger="papermill"):
+        found = {p.name for p in PythonTranslator.inspect(cell)}
+    assert not [r.getMessage() for r in caplog.records if "Unable to parse" in r.getMessage()]
+    assert found == {f.name for f in dataclasses.fields(params.REGISTRY[stem])}
+
+
 @pytest.mark.slow
 def test_every_notebook_runs_in_the_smoke_profile(smoke_run):
     runs, out = smoke_run  # the session's one smoke run (conftest), also the first run of tests/test_determinism.py
