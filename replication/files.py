@@ -2,21 +2,25 @@
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 
 def write_bytes(path, data: bytes) -> Path:
-    """Write bytes to path atomically (temporary file in the same folder, then rename)."""
+    """Write bytes to path atomically (temporary file in the same folder, then rename).
+
+    The file gets the permissions a plain open() would give it (0666 less the umask, so 0644 under the usual
+    umask 022): results are meant to be read by others."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
 
@@ -34,6 +38,12 @@ def write_json(path, obj) -> Path:
 def read_json(path):
     """Read a JSON file."""
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def sha256(path) -> str:
+    """Full sha256 of a file's bytes, read in chunks."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def digest(*parts) -> str:

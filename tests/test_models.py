@@ -3,7 +3,7 @@ import importlib.util
 import pytest
 import torch
 
-from replication import models
+from replication import files, models
 
 
 def test_tiny_model_generates_deterministically(tiny):
@@ -95,6 +95,68 @@ def test_corrupt_cache_names_the_fix(tmp_path, monkeypatch):
     with pytest.raises(models.ModelError, match="--rebuild"):
         models.load_model("smollm2-135m-instruct")
     assert sorted(p.name for p in folder.iterdir()) == before  # nothing deleted
+
+
+def fake_cache(tmp_path, monkeypatch, tiny, checksums=True):
+    """A tiny model saved as the cached checkpoint of the known model, in a temporary cache (never the real one)."""
+    monkeypatch.setenv("REPLICATION_CACHE", str(tmp_path))
+    folder = tmp_path / "models" / "smollm2-135m-instruct"
+    model, tok = tiny
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    marker = {"dtype": "float32", **({"files": models.checksums(folder)} if checksums else {})}
+    files.write_json(folder / models.DONE_MARKER, marker)
+    return folder
+
+
+def overwrite_tail(path, n=256):
+    """Overwrite the last n bytes (tensor data, not the header) in place: same size, other weights."""
+    with open(path, "r+b") as f:
+        f.seek(-n, 2)
+        f.write(bytes(range(256)) * (n // 256))
+
+
+def test_damaged_cached_checkpoint_is_caught(tmp_path, monkeypatch, tiny):
+    from transformers import AutoModelForCausalLM
+
+    folder = fake_cache(tmp_path, monkeypatch, tiny)
+    models.load_model("smollm2-135m-instruct")  # intact: loads
+    overwrite_tail(folder / "model.safetensors")
+    AutoModelForCausalLM.from_pretrained(str(folder))  # the damage alone raises nothing: the checksum must catch it
+    with pytest.raises(models.ModelError) as e:
+        models.load_model("smollm2-135m-instruct")
+    msg = str(e.value)
+    assert "model.safetensors does not match the checksum" in msg and "install-model --rebuild" in msg and "\n" not in msg
+    (folder / "model.safetensors").write_bytes(b"")  # truncated
+    with pytest.raises(models.ModelError, match="model.safetensors does not match.*--rebuild"):
+        models.load_model("smollm2-135m-instruct")
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(models.ModelError, match="model.safetensors is missing.*--rebuild"):
+        models.load_model("smollm2-135m-instruct")
+
+
+def test_install_model_names_a_damaged_cache(tmp_path, monkeypatch, tiny, capsys):
+    from replication.__main__ import main
+
+    folder = fake_cache(tmp_path, monkeypatch, tiny)
+    monkeypatch.setattr(models, "gguf_path", lambda name: tmp_path / "model.gguf")  # installed: no pip
+    assert main(["install-model"]) == 0
+    overwrite_tail(folder / "model.safetensors")
+    capsys.readouterr()
+    assert main(["install-model"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not match" in err and "install-model --rebuild" in err
+
+
+def test_cache_without_checksums_gets_them_on_first_load(tmp_path, monkeypatch, tiny, capsys):
+    folder = fake_cache(tmp_path, monkeypatch, tiny, checksums=False)
+    models.load_model("smollm2-135m-instruct")
+    record = files.read_json(folder / models.DONE_MARKER)
+    assert record["dtype"] == "float32" and set(record["files"]) >= {"model.safetensors", "config.json"}
+    assert "recorded the checksums" in capsys.readouterr().out
+    overwrite_tail(folder / "model.safetensors")
+    with pytest.raises(models.ModelError, match="does not match"):
+        models.load_model("smollm2-135m-instruct")
 
 
 def test_local_checkpoint_folder_loads(tmp_path, tiny):
