@@ -13,17 +13,21 @@ class RunError(RuntimeError):
 
 
 def select(only, folder: Path = NOTEBOOKS) -> list:
-    """The notebooks named by --only ("01,03" or full stems), in workbook order."""
+    """The notebooks named by --only ("01,03" or full stems), in workbook order; None means all of them.
+    An empty or unknown name is an error naming --only and what it accepts."""
     stems = list_notebooks(folder)
-    if not only:
+    if only is None:
         return stems
-    wanted = [w.strip() for w in (only.split(",") if isinstance(only, str) else only) if w.strip()]
+    allowed = f"give notebook numbers or stems separated by commas, e.g. --only 00,03 (notebooks: {', '.join(s[:2] for s in stems)})"
+    wanted = [str(w).strip() for w in (only.split(",") if isinstance(only, str) else only)]
+    if not wanted or "" in wanted:
+        raise RunError(f"--only {only!r} is not allowed: it has an empty name; {allowed}")
     chosen = set()
     for w in wanted:
         key = w.zfill(2) if w.isdigit() else w
         hits = [s for s in stems if s == key or s[:2] == key]
         if not hits:
-            raise RunError(f"--only {w!r} names no notebook; choose from {', '.join(s[:2] for s in stems)}")
+            raise RunError(f"--only {w!r} names no notebook; {allowed}")
         chosen.update(hits)
     return [s for s in stems if s in chosen]
 

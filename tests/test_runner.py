@@ -95,6 +95,13 @@ def test_bad_requests(book, capsys):
     assert "profile='fast' is not allowed" in capsys.readouterr().err
     assert runner.main(["--only", "07", "--notebooks", str(book)]) == 1
     assert "--only '07' names no notebook" in capsys.readouterr().err
+    for bad in (["--only="], ["--only", ""], ["--only", "9"], ["--only", "01,,"], ["--only", ","], ["--only", "1st"]):
+        assert runner.main([*bad, "--notebooks", str(book)]) == 1, bad
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: --only ") and "(notebooks: 01, 02)" in err, (bad, err)
+    assert runner.select(None, book) == ["01_first", "02_second"]
+    with pytest.raises(runner.RunError, match="empty name"):
+        runner.select([], book)
     assert runner.select("2", book) == ["02_second"]
     assert runner.select("01_first,02", book) == ["01_first", "02_second"]
     (book / "params/02_second.json").unlink()
