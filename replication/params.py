@@ -5,9 +5,12 @@ The notebook's tagged `parameters` cell is the single source of the default valu
 `build(stem, namespace)` picks the fields out of the cell's names, checks each one's type and range, then
 the notebook's cross-field rules, and raises a ValueError naming the parameter and what is allowed.
 """
+import ast
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import config
 
@@ -102,3 +105,52 @@ def build(stem: str, namespace: dict) -> Params:
     if missing:
         raise ValueError(f"the parameters cell of {stem} lacks {', '.join(missing)}")
     return cls(**{n: namespace[n] for n in names}).validate()
+
+
+# ---- profiles in runs by hand: papermill -p profile smoke, or the cell edited in JupyterLab ----------------
+
+def cell_values(path) -> dict:
+    """The plain values of the notebook's cell tagged `parameters`, read from its .ipynb file."""
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            values = {}
+            exec("".join(cell["source"]), {}, values)  # noqa: S102 - plain assignments, the notebook's own cell
+            return values
+    raise ValueError(f"{path} has no cell tagged 'parameters'")
+
+
+def profile_values(stem: str, profile: str, folder) -> dict:
+    """What a profile changes in a notebook's parameters, from <folder>/params/<stem>.json."""
+    config.check_choice("profile", profile, config.PROFILES)
+    path = Path(folder) / "params" / f"{stem}.json"
+    if not path.is_file():
+        raise ValueError(f"{path} is missing; every notebook needs a parameter file with one entry per profile")
+    table = json.loads(path.read_text(encoding="utf-8"))
+    if profile not in table:
+        raise ValueError(f"{path} has no {profile!r} entry; add one (profiles: {', '.join(config.PROFILES)})")
+    return table[profile]
+
+
+def injected_names(namespace: dict) -> set:
+    """The names papermill injected (`-p name value`): the assignments of the latest executed cell that starts with
+    papermill's '# Parameters' line (IPython keeps the sources of the executed cells in `In`)."""
+    for source in reversed(namespace.get("In") or []):
+        if source.startswith("# Parameters\n"):
+            return {t.id for node in ast.parse(source).body if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Name)}
+    return set()
+
+
+def profile_changes(stem: str, namespace: dict, folder) -> dict:
+    """The profile's values (notebooks/params/<stem>.json) for a run by hand, for every parameter not set by hand.
+
+    Set by hand means injected by papermill (`-p name value`) or holding another value than the committed
+    parameters cell (<folder>/<stem>.ipynb), e.g. edited in JupyterLab. An edit back to the committed value
+    cannot be told apart from no edit, and takes the profile's value."""
+    changes = profile_values(stem, namespace.get("profile"), folder)
+    if not changes:
+        return {}
+    cell = cell_values(Path(folder) / f"{stem}.ipynb")
+    given = injected_names(namespace) | {n for n in cell if n in namespace and namespace[n] != cell[n]}
+    return {n: v for n, v in changes.items() if n not in given}

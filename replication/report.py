@@ -2,13 +2,14 @@
 import html
 from pathlib import Path
 
-from . import config, files
+from . import files
 from .config import NOTEBOOKS, Paths, list_notebooks
 
 
-def records(profile: str, folder: Path = NOTEBOOKS) -> list:
-    """Metrics records of the workbook's notebooks that have run in this profile, in order."""
-    paths = Paths(profile)
+def records(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> list:
+    """Metrics records of the workbook's notebooks that have run in this profile (run folder `name`, by default
+    the profile's own), in order."""
+    paths = Paths(profile, name)
     out = []
     for stem in list_notebooks(folder):
         path = paths.metrics / f"{stem}.json"
@@ -39,9 +40,10 @@ def _md_cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def index_path(profile: str) -> Path:
-    """figures/README.md for the default profile, runs/<profile>/figures/README.md otherwise."""
-    return config.figures_dir(profile) / "README.md"
+def index_path(profile: str, name: str = None) -> Path:
+    """figures/README.md for the default profile, runs/<profile>/figures/README.md for the others (and
+    runs/<name>/figures/README.md for the run folder of one-off overrides)."""
+    return Paths(profile, name).figures / "README.md"
 
 
 _SECTIONS = {"| figure |": "figures", "| notebook | claim |": "claims", "| notebook | seed |": "times"}
@@ -64,40 +66,42 @@ def kept_rows(path: Path, stems, ran) -> dict:
     return kept
 
 
-def write_index(profile: str, folder: Path = NOTEBOOKS) -> Path:
+def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Path:
     """Each figure with its notebook and caption, then the claims ledger of every notebook.
 
     Notebooks with no metrics here keep their rows from the existing index, so rerunning one notebook
     does not drop the others."""
-    recs = {r["notebook"]: r for r in records(profile, folder)}
+    recs = {r["notebook"]: r for r in records(profile, folder, name)}
     stems = list_notebooks(folder)
-    kept = kept_rows(index_path(profile), stems, recs)
+    kept = kept_rows(index_path(profile, name), stems, recs)
     rows = {name: [] for name in _SECTIONS.values()}
     for stem in stems:
         r = recs.get(stem)
         if r is None:
-            for name in rows:
-                rows[name] += kept[name].get(stem, [])
+            for section in rows:
+                rows[section] += kept[section].get(stem, [])
             continue
         for f in r["figures"]:
             png = next((x for x in f["files"] if x.endswith(".png")), f["files"][0])
             rows["figures"].append(f"| [{f['name']}]({png}) | {r['notebook']} | {_md_cell(f['caption'])} |")
         rows["claims"] += ["| " + " | ".join(_md_cell(_cell(c, k)) for k in LEDGER_COLUMNS) + " |" for c in ledger([r])]
         rows["times"].append(f"| {r['notebook']} | {r['seed']} | {r['wall_time_s']} |")
-    lines = [f"# Figures ({profile} profile)", "",
+    where = f"{profile} profile" + (f", one-off overrides in runs/{name}/" if name and name != profile else "")
+    lines = [f"# Figures ({where})", "",
              f"Written by `python -m replication run --profile {profile}`; do not edit by hand.", "",
              "| figure | notebook | caption |", "|---|---|---|", *rows["figures"],
              "", "## Claims ledger", "", "| " + " | ".join(LEDGER_COLUMNS) + " |",
              "|" + "---|" * len(LEDGER_COLUMNS), *(rows["claims"] or ["| (no claims recorded yet) |" + " |" * (len(LEDGER_COLUMNS) - 1)]),
              "", "| notebook | seed | wall time (s) |", "|---|---|---|", *rows["times"]]
-    return files.write_text(index_path(profile), "\n".join(lines) + "\n")
+    return files.write_text(index_path(profile, name), "\n".join(lines) + "\n")
 
 
-def write_html(profile: str, folder: Path = NOTEBOOKS) -> Path:
-    """runs/<profile>/report/index.html linking each executed notebook (as HTML) and the ledger."""
+def write_html(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Path:
+    """runs/<profile>/report/index.html (runs/<name>/ for a run folder of overrides) linking each executed
+    notebook (as HTML) and the ledger."""
     from nbconvert import HTMLExporter
 
-    paths = Paths(profile)
+    paths = Paths(profile, name)
     paths.report.mkdir(parents=True, exist_ok=True)
     exporter = HTMLExporter()
     items = []
@@ -112,7 +116,7 @@ def write_html(profile: str, folder: Path = NOTEBOOKS) -> Path:
         items.append(f'<li><a href="{out.name}">{html.escape(stem)}</a></li>')
     rows = "".join(
         "<tr>" + "".join(f"<td>{html.escape(_cell(c, k))}</td>" for k in LEDGER_COLUMNS) + "</tr>"
-        for c in ledger(records(profile, folder))
+        for c in ledger(records(profile, folder, name))
     )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Replication workbook: {profile}</title>
 <style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}table{{border-collapse:collapse}}
@@ -133,16 +137,12 @@ REASONS = {"notebook": "code (the notebook)", "package": "code (the package)", "
            "data": "data (data/)", "machine": "the machine or its thread count"}
 
 
-def digests_path(profile: str) -> Path:
+def digests_path(profile: str, name: str = None) -> Path:
     """digests.json beside the index: figures/digests.json for the default profile."""
-    return config.figures_dir(profile) / "digests.json"
+    return Paths(profile, name).figures / "digests.json"
 
 
-def file_sha256(path) -> str:
-    """Full sha256 of a file's bytes."""
-    import hashlib
-
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+file_sha256 = files.sha256
 
 
 def why_changed(before: dict, parts: dict) -> list:
@@ -150,39 +150,39 @@ def why_changed(before: dict, parts: dict) -> list:
     return [REASONS.get(k, k) for k in parts if before.get(k) != parts[k]]
 
 
-def record_digests(profile: str, stem: str, parts: dict, stamp: str, names, log=print) -> dict:
+def record_digests(profile: str, stem: str, parts: dict, stamp: str, names, log=print, name: str = None) -> dict:
     """Store the sha256 of each figure file a notebook wrote, with the stamp parts of the run that wrote it,
     in digests.json (one entry per notebook; the others are kept), and log each figure whose digest changed
     since the recorded run with the reason: the code (notebook or package), the parameters, data/, the machine
     (CPU numerics depend on the thread count), or none of them: a determinism bug, logged loudly.
     Returns {figure file: reason}."""
-    path = digests_path(profile)
+    path = digests_path(profile, name)
     book = files.read_json(path) if path.is_file() else {}
     entries = book.get("notebooks", {})
     old = entries.get(stem)
-    new = {n: file_sha256(config.figures_dir(profile) / n) for n in sorted(names)}
+    new = {n: file_sha256(Paths(profile, name).figures / n) for n in sorted(names)}
     changed = {}
     if old is not None:
         causes = why_changed(old.get("parts", {}), parts)
-        for name, sha in new.items():
-            was = old["figures"].get(name)
+        for file, sha in new.items():
+            was = old["figures"].get(file)
             if was == sha:
                 continue
             if was is None:
-                changed[name] = "new figure"
+                changed[file] = "new figure"
             elif causes:
-                changed[name] = "changed: " + ", ".join(causes)
-            elif Path(name).stem in TIMED_FIGURES:
-                changed[name] = "changed: it plots measured timings (expected)"
+                changed[file] = "changed: " + ", ".join(causes)
+            elif Path(file).stem in TIMED_FIGURES:
+                changed[file] = "changed: it plots measured timings (expected)"
             else:
-                changed[name] = "DETERMINISM BUG"
+                changed[file] = "DETERMINISM BUG"
         changed.update({n: "no longer written" for n in old["figures"] if n not in new})
-    for name, why in changed.items():
+    for file, why in changed.items():
         if why == "DETERMINISM BUG":
-            log(f"[{stem}] DETERMINISM BUG: {name} changed although the notebook, its parameters, the package, data/ "
+            log(f"[{stem}] DETERMINISM BUG: {file} changed although the notebook, its parameters, the package, data/ "
                 f"and the machine did not: unseeded randomness, or a cache entry made by older code")
         else:
-            log(f"[{stem}] figure {name}: {why}")
+            log(f"[{stem}] figure {file}: {why}")
     if old is None:
         log(f"[{stem}] {len(new)} figure digests recorded in {path} (no earlier record to compare with)")
     elif not changed:

@@ -1,10 +1,16 @@
-"""Execute the notebooks in order with papermill; skip the ones whose outputs are current."""
+"""Execute the notebooks in order with papermill; skip the ones whose outputs are current.
+
+Only the runner writes the committed results (figures/, runs/<profile>/metrics/): each notebook's figures and
+metrics are staged and promoted when it succeeds, and the skip stamp records their sha256."""
 import json
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
 
-from . import __version__, config, files, report as report_mod
+from . import __version__, config, files, params, report as report_mod
+from . import settings  # noqa: F401  (registers the notebooks' parameter classes, for --set checks)
 from .config import NOTEBOOKS, Paths, list_notebooks
 
 
@@ -32,16 +38,48 @@ def select(only, folder: Path = NOTEBOOKS) -> list:
     return [s for s in stems if s in chosen]
 
 
-def parameters(stem: str, profile: str, folder: Path = NOTEBOOKS) -> dict:
-    """The notebook's parameters for a profile, from notebooks/params/<stem>.json."""
-    config.check_choice("profile", profile, config.PROFILES)
-    path = Path(folder) / "params" / f"{stem}.json"
-    if not path.is_file():
-        raise RunError(f"{path} is missing; every notebook needs a parameter file with one entry per profile")
-    table = files.read_json(path)
-    if profile not in table:
-        raise RunError(f"{path} has no {profile!r} entry; add one (profiles: {', '.join(config.PROFILES)})")
-    return {"profile": profile, **table[profile]}
+def parameters(stem: str, profile: str, folder: Path = NOTEBOOKS, overrides: dict = None) -> dict:
+    """The notebook's parameters for a profile (notebooks/params/<stem>.json), then the one-off overrides (--set),
+    which must name parameters of the notebook's cell and pass its typed parameters' checks (params.build)."""
+    try:
+        values = {"profile": profile, **params.profile_values(stem, profile, folder)}
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    if overrides:
+        cell = params.cell_values(Path(folder) / f"{stem}.ipynb")
+        for name in overrides:
+            if name == "profile":
+                raise RunError("--set profile=... is not allowed; pick the profile with --profile")
+            if name not in cell:
+                raise RunError(f"--set {name}=...: {stem} has no parameter {name!r}; its parameters: "
+                               f"{', '.join(n for n in cell if n != 'profile')}")
+        values.update(overrides)
+        try:
+            params.build(stem, {**cell, **values})
+        except ValueError as e:
+            raise RunError(f"--set for {stem}: {e}") from None
+    return values
+
+
+def parse_sets(pairs) -> dict:
+    """--set name=value pairs as {name: value}; a value is read as JSON (100, 3e-4, true, null, [1, 2]), else kept
+    as a string (--set level=2d-1step-add)."""
+    out = {}
+    for pair in pairs or []:
+        name, eq, text = pair.partition("=")
+        if not eq or not name.strip().isidentifier():
+            raise RunError(f"--set {pair!r} is not allowed; use --set name=value, e.g. --set steps=100")
+        try:
+            out[name.strip()] = json.loads(text)
+        except ValueError:
+            out[name.strip()] = text
+    return out
+
+
+def folder_name(profile: str, overrides: dict = None) -> str:
+    """The run folder under runs/: the profile, or <profile>-set-<hash of the overrides> for one-off overrides,
+    so that they never write into figures/ or the profile's metrics."""
+    return f"{profile}-set-{files.digest(overrides)[:8]}" if overrides else profile
 
 
 def package_digest() -> str:
@@ -77,21 +115,43 @@ def stamp_parts(stem: str, params: dict, folder: Path = NOTEBOOKS) -> dict:
             "package": package_digest(), "data": data_digest(), "machine": machine()}
 
 
-def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = False, log=print) -> str:
-    """Run one notebook unless current; return 'skipped' or 'executed'. Raises RunError on failure."""
+def promote(stem: str, paths: Paths, figure_files) -> None:
+    """Move a notebook's figures, then its metrics, from the staging folder into place, file by file (each write
+    atomic); called only when the notebook succeeded."""
+    staging = paths.staging(stem)
+    for name in figure_files:
+        if not (staging / "figures" / name).is_file():
+            raise RunError(f"{stem}'s metrics name the figure file {name}, which it did not write under {staging}")
+        files.write_bytes(paths.figures / name, (staging / "figures" / name).read_bytes())
+    files.write_bytes(paths.metrics / f"{stem}.json", (staging / "metrics" / f"{stem}.json").read_bytes())
+    shutil.rmtree(staging)
+
+
+def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = False, log=print,
+            overrides: dict = None) -> str:
+    """Run one notebook unless current; return 'skipped' or 'executed'. Raises RunError on failure.
+
+    The kernel learns from config.RUNNER_ENV that the runner runs it, and in which run folder: it writes its
+    metrics and figures to a staging folder, promoted here only when the notebook succeeds."""
     import papermill as pm
 
-    paths, params = Paths(profile), parameters(stem, profile, folder)
+    params, paths = parameters(stem, profile, folder, overrides), Paths(profile, folder_name(profile, overrides))
     key = stamp(stem, params, folder)
     if not force and paths.is_current(stem, key):
         log(f"[{stem}] current, skipped (use --force to re-execute)")
         return "skipped"
+    if not force and paths.recorded(stem).get("stamp") == key:
+        log(f"[{stem}] its figures or metrics changed or went missing since the runner wrote them: re-executing")
     paths.notebooks.mkdir(parents=True, exist_ok=True)
     partial = paths.notebooks / f"{stem}.partial.ipynb"
-    metrics = paths.metrics / f"{stem}.json"
-    log(f"[{stem}] executing with profile {profile!r}: {json.dumps(params)}")
+    staging = paths.staging(stem)
+    shutil.rmtree(staging, ignore_errors=True)
+    log(f"[{stem}] executing with profile {profile!r}: {json.dumps(params)}"
+        + (f" (one-off overrides: outputs in {paths.root})" if overrides else ""))
     parts = stamp_parts(stem, params, folder)
     t0 = time.time()
+    before = os.environ.get(config.RUNNER_ENV)
+    os.environ[config.RUNNER_ENV] = paths.name  # the papermill kernel inherits it
     try:
         pm.execute_notebook(str(Path(folder) / f"{stem}.ipynb"), str(partial), parameters=params,
                             cwd=str(folder), progress_bar=True, kernel_name="python3", log_output=False)
@@ -101,27 +161,39 @@ def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = Fal
     except Exception as e:  # noqa: BLE001 - a dead kernel or a timeout: one line, and the rerun resumes here
         raise RunError(f"{stem} stopped ({type(e).__name__}: {e}); rerun to resume from it | "
                        f"partly executed notebook: {partial}") from None
-    if not metrics.is_file() or metrics.stat().st_mtime < t0:
+    finally:
+        if before is None:
+            os.environ.pop(config.RUNNER_ENV, None)
+        else:
+            os.environ[config.RUNNER_ENV] = before
+    metrics = staging / "metrics" / f"{stem}.json"
+    if not metrics.is_file():
         raise RunError(f"{stem} ran but wrote no metrics; end it with run.finish() | notebook: {partial}")
-    partial.replace(paths.executed(stem))
-    files.write_json(paths.state / f"{stem}.json", {"stamp": key, "params": params, "seconds": round(time.time() - t0, 1)})
     written = [name for f in files.read_json(metrics)["figures"] for name in f["files"]]
-    report_mod.record_digests(profile, stem, parts, key, written, log)
+    promote(stem, paths, written)
+    partial.replace(paths.executed(stem))
+    files.write_json(paths.state / f"{stem}.json", {"stamp": key, "params": params, "seconds": round(time.time() - t0, 1),
+                                                    "outputs": paths.outputs(stem, written)})
+    report_mod.record_digests(profile, stem, parts, key, written, log, name=paths.name)
     log(f"[{stem}] done in {time.time() - t0:.0f} s")
     return "executed"
 
 
 def run(profile: str = "default", only=None, force: bool = False, folder: Path = NOTEBOOKS, report: bool = True,
-        log=print) -> dict:
-    """Execute the selected notebooks in order, then write the figure index and the HTML report."""
+        log=print, overrides: dict = None) -> dict:
+    """Execute the selected notebooks in order, then write the figure index and the HTML report.
+    With one-off overrides (--set) everything goes to the run folder runs/<profile>-set-<hash>/."""
     config.check_choice("profile", profile, config.PROFILES)
     stems = select(only, folder)
+    for stem in stems:  # check every override before executing anything
+        parameters(stem, profile, folder, overrides)
     outcome = {}
     for stem in stems:
-        outcome[stem] = execute(stem, profile, folder, force, log)
+        outcome[stem] = execute(stem, profile, folder, force, log, overrides)
     if report:
-        index = report_mod.write_index(profile, folder)
-        html = report_mod.write_html(profile, folder)
+        name = folder_name(profile, overrides)
+        index = report_mod.write_index(profile, folder, name)
+        html = report_mod.write_html(profile, folder, name)
         log(f"index: {index}\nreport: {html}")
     return outcome
 
@@ -133,12 +205,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m replication run", description="Execute the workbook's notebooks.")
     ap.add_argument("--profile", default="default", help="smoke | default | paper (default: default)")
     ap.add_argument("--only", default=None, help="comma-separated notebook numbers or stems, e.g. 00,01")
+    ap.add_argument("--set", action="append", metavar="NAME=VALUE",
+                    help="one-off parameter override (value read as JSON, else a string), e.g. --set steps=100; "
+                         "outputs go to runs/<profile>-set-<hash>/")
     ap.add_argument("--force", action="store_true", help="re-execute notebooks whose outputs are current")
     ap.add_argument("--no-report", action="store_true", help="skip the figure index and the HTML report")
     ap.add_argument("--notebooks", default=str(NOTEBOOKS), help="folder of notebooks (default: notebooks/)")
     args = ap.parse_args(argv)
     try:
-        run(args.profile, args.only, args.force, folder=Path(args.notebooks), report=not args.no_report)
+        run(args.profile, args.only, args.force, folder=Path(args.notebooks), report=not args.no_report,
+            overrides=parse_sets(args.set))
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,5 +1,9 @@
-"""The notebook's run record: parameters, seed, figures, claims and measurements, written to
-runs/<profile>/metrics/<stem>.json; also the notebook's one cache and its training-run folders."""
+"""The notebook's run record: parameters, seed, figures, claims and measurements, written to metrics/<stem>.json
+of its run folder; also the notebook's one cache and its training-run folders.
+
+Only the runner writes the committed results: under the runner (it sets config.RUNNER_ENV for its kernels) a
+notebook writes its metrics and figures to a staging folder that the runner promotes when the notebook succeeds;
+a run by hand (papermill by hand, JupyterLab) writes them under runs/<profile>-scratch/."""
 import platform
 import time
 from pathlib import Path
@@ -29,22 +33,29 @@ class Run:
         return self.notebook[:2]
 
     @property
-    def folder(self) -> Path:
-        """runs/<profile>/"""
-        return config.runs_dir() / self.profile
+    def paths(self) -> config.Paths:
+        """The run folder: the runner's runs/<profile>/ (or its one-off overrides' folder), or runs/<profile>-scratch/
+        when the notebook runs by hand (papermill by hand, JupyterLab)."""
+        return config.kernel_paths(self.profile)
+
+    @property
+    def output(self) -> Path:
+        """Where metrics and figures go: the runner's staging folder (it promotes them when the notebook succeeds),
+        or the scratch run folder itself for a run by hand."""
+        return self.paths.staging(self.notebook) if config.by_runner() else self.paths.root
 
     @property
     def cache(self) -> Path:
         """Per-notebook cache for expensive steps, keyed further by their config."""
-        return self.folder / "cache" / self.notebook
+        return self.paths.cache / self.notebook
 
     @property
     def figures_dir(self) -> Path:
-        return config.figures_dir(self.profile)
+        return self.output / "figures"
 
     @property
     def metrics_path(self) -> Path:
-        return self.folder / "metrics" / f"{self.notebook}.json"
+        return self.output / "metrics" / f"{self.notebook}.json"
 
     def log(self, **metrics) -> None:
         """Record named results (plain numbers, strings, lists or dicts) in the metrics file."""
@@ -95,7 +106,7 @@ class Run:
         return pd.DataFrame(self.claims, columns=CLAIM_COLUMNS)
 
     def finish(self) -> Path:
-        """Write runs/<profile>/metrics/<notebook>.json atomically and return its path."""
+        """Write the metrics record (metrics/<notebook>.json of the output folder) atomically and return its path."""
         record = {
             "notebook": self.notebook, "profile": self.profile, "seed": self.seed,
             "wall_time_s": round(time.perf_counter() - self.t0, 2), "package_version": __version__,
@@ -113,10 +124,18 @@ class Run:
 
 def start(notebook: str, namespace: dict = None, *, profile: str = None, seed: int = None) -> Run:
     """Begin a notebook's run: build and validate its parameters from the parameters cell's names
-    (`globals()`; the result is `run.params`), seed everything, set the figure style."""
+    (`globals()`; the result is `run.params`), seed everything, set the figure style.
+
+    In a run by hand the profile's values (notebooks/params/<notebook>.json) replace the cell's values of the
+    parameters not set by hand, in `namespace` too (params.profile_changes); the runner injects them itself."""
     global _current
     cfg = None
     if namespace is not None:
+        if not config.by_runner():
+            changes = params.profile_changes(notebook, namespace, config.notebooks_dir())
+            if changes:
+                print(f"profile {namespace['profile']!r}: " + ", ".join(f"{k} = {v!r}" for k, v in changes.items()))
+            namespace.update(changes)
         cfg = params.build(notebook, namespace)
         profile, seed = cfg.profile, cfg.seed
     run = Run(notebook, "default" if profile is None else profile, 0 if seed is None else seed, cfg)

@@ -68,3 +68,18 @@ def test_every_notebook_runs_in_the_smoke_profile(smoke_run):
             assert c["verdict"] in verdicts.VERDICTS and c["evidence"] in verdicts.EVIDENCE, c
             assert {"interval", "n"} <= set(c), c
     assert (runs / "smoke/report/index.html").is_file()
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_profile_set_by_hand_loads_the_profile_values(stem):
+    """Run by hand with `profile` set (papermill -p profile smoke, or the cell edited in JupyterLab), a notebook
+    gets the profile's values of notebooks/params/<stem>.json for every parameter left at the cell's value."""
+    cell = params.cell_values(runner.NOTEBOOKS / f"{stem}.ipynb")
+    for profile in config.PROFILES:
+        table = params.profile_values(stem, profile, runner.NOTEBOOKS)
+        assert params.profile_changes(stem, {**cell, "profile": profile}, runner.NOTEBOOKS) == table
+        if table:
+            name = next(iter(table))
+            kept = params.profile_changes(stem, {**cell, "profile": profile, "In": [f"# Parameters\n{name} = 1\n"]},
+                                          runner.NOTEBOOKS)
+            assert kept == {k: v for k, v in table.items() if k != name}

@@ -1,11 +1,13 @@
 """Runner success and failure paths on tiny notebooks in a temporary folder."""
 import json
+import os
+from dataclasses import dataclass
 
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from replication import report, runner
+from replication import config, params, report, runner
 
 BODY = """
 from replication import workbook
@@ -159,3 +161,142 @@ def test_figure_digests_say_which_figures_changed_and_why(book, runs, tmp_path, 
     assert report.why_changed(parts, {**parts, "package": "other"}) == ["code (the package)"]
     assert report.why_changed(parts, {**parts, "data": "other", "notebook": "x"}) == ["code (the notebook)", "data (data/)"]
     assert report.why_changed(parts, {**parts, "machine": "arm64, threads 1"}) == ["the machine or its thread count"]
+
+
+def snapshot(folder):
+    """{file name: (bytes, mtime_ns)} of a folder (empty if it does not exist)."""
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.glob("*"))} if folder.is_dir() else {}
+
+
+def quiet(**kw):
+    logs = []
+    out = runner.run(log=logs.append, report=False, **kw)
+    return out, logs
+
+
+def test_by_hand_run_writes_scratch_only_and_runner_reruns_when_outputs_change(book, runs, tmp_path, monkeypatch):
+    """papermill by hand (as JupyterLab: no runner) leaves figures/ and the runner's metrics alone; the runner's
+    stamp covers the outputs it wrote, so a changed or removed figure or metrics file is re-executed."""
+    import papermill as pm
+
+    monkeypatch.delenv(config.RUNNER_ENV, raising=False)
+    runner.run("default", only="01", folder=book, log=lambda *_: None)
+    figures, metrics = snapshot(tmp_path / "figures"), snapshot(runs / "default/metrics")
+    assert "01a_line.png" in figures and "README.md" in figures and "01_first.json" in metrics
+    pm.execute_notebook(str(book / "01_first.ipynb"), str(tmp_path / "by-hand.ipynb"), parameters={"n": 7},
+                        cwd=str(book), kernel_name="python3", progress_bar=False, log_output=False)
+    assert snapshot(tmp_path / "figures") == figures and snapshot(runs / "default/metrics") == metrics
+    scratch = json.loads((runs / "default-scratch/metrics/01_first.json").read_text())
+    assert scratch["claims"][0]["measured"] == "7" and (runs / "default-scratch/figures/01a_line.png").is_file()
+    assert quiet(profile="default", only="01", folder=book)[0] == {"01_first": "skipped"}
+    # the runner's outputs changed or removed since it wrote them: re-executed, and said why
+    for change in (lambda: (tmp_path / "figures/01a_line.pdf").unlink(),
+                   lambda: (tmp_path / "figures/01a_line.png").write_bytes(b"edited"),
+                   lambda: (runs / "default/metrics/01_first.json").write_text("{}"),
+                   lambda: (runs / "default/metrics/01_first.json").unlink()):
+        change()
+        out, logs = quiet(profile="default", only="01", folder=book)
+        assert out == {"01_first": "executed"} and any("changed or went missing" in line for line in logs), logs
+    assert quiet(profile="default", only="01", folder=book)[0] == {"01_first": "skipped"}
+
+
+def test_failing_run_leaves_committed_figures_and_metrics_alone(book, runs, tmp_path):
+    """A notebook that fails after saving its figures promotes nothing: figures/ and the metrics stay those of the
+    last successful run, which therefore stays current when the parameters are restored."""
+    runner.run("default", only="01", folder=book, log=lambda *_: None)
+    figures, metrics = snapshot(tmp_path / "figures"), snapshot(runs / "default/metrics")
+    source = (book / "01_first.ipynb").read_text()
+    nb = nbformat.read(book / "01_first.ipynb", as_version=4)
+    nb.cells.append(new_code_cell("raise RuntimeError('fails after savefig and run.finish()')"))
+    nbformat.write(nb, book / "01_first.ipynb")
+    (book / "params/01_first.json").write_text(json.dumps({"default": {"seed": 1, "n": 9}}))
+    with pytest.raises(runner.RunError, match="01_first failed at cell 3"):
+        runner.run("default", only="01", folder=book, log=lambda *_: None)
+    assert snapshot(tmp_path / "figures") == figures and snapshot(runs / "default/metrics") == metrics
+    staged = runs / "default/staging/01_first"
+    assert (staged / "figures/01a_line.png").is_file() and (staged / "metrics/01_first.json").is_file()
+    (book / "01_first.ipynb").write_text(source)
+    (book / "params/01_first.json").write_text(json.dumps({"smoke": {"seed": 1, "n": 4}, "default": {"seed": 1, "n": 5}}))
+    assert quiet(profile="default", only="01", folder=book)[0] == {"01_first": "skipped"}
+    # a failing first run of a changed notebook leaves no stamp that could match: the next run executes
+    (book / "params/01_first.json").write_text(json.dumps({"default": {"seed": 1, "n": 9}}))
+    assert quiet(profile="default", only="01", folder=book)[0] == {"01_first": "executed"}
+
+
+def test_results_are_world_readable(book, runs, tmp_path):
+    old = os.umask(0o022)
+    try:
+        runner.run("default", only="01", folder=book, log=lambda *_: None)
+    finally:
+        os.umask(old)
+    results = [*(tmp_path / "figures").iterdir(), runs / "default/metrics/01_first.json",
+               runs / "default/report/index.html", runs / "default/report/01_first.html",
+               runs / "default/state/01_first.json", runs / "default/notebooks/01_first.ipynb"]
+    assert {p.name for p in results} >= {"README.md", "digests.json", "01a_line.png", "01a_line.pdf"}
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in results} == {p.name: "0o644" for p in results}
+
+
+@dataclass
+class First(params.Params):
+    n: int = params.p()
+
+
+def test_one_off_overrides_go_to_a_run_folder_of_their_own(book, runs, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(params.REGISTRY, "01_first", First)
+    assert runner.parse_sets(["n=9", "lr=3e-4", "level=2d-1step-add", "flag=true", "m=null", "xs=[1, 2]"]) == {
+        "n": 9, "lr": 3e-4, "level": "2d-1step-add", "flag": True, "m": None, "xs": [1, 2]}
+    assert quiet(profile="default", only="01", folder=book, overrides={"n": 9})[0] == {"01_first": "executed"}
+    name = runner.folder_name("default", {"n": 9})
+    assert name.startswith("default-set-")
+    record = json.loads((runs / name / "metrics/01_first.json").read_text())
+    assert record["claims"][0]["measured"] == "9" and (runs / name / "figures/01a_line.png").is_file()
+    assert not (tmp_path / "figures").exists() and not (runs / "default").exists()
+    assert quiet(profile="default", only="01", folder=book, overrides={"n": 9})[0] == {"01_first": "skipped"}
+    # checked by the typed parameters, before anything runs
+    with pytest.raises(runner.RunError, match=r"--set for 01_first: n=0 is not allowed"):
+        runner.run("default", only="01", folder=book, overrides={"n": 0}, log=lambda *_: None)
+    with pytest.raises(runner.RunError, match=r"01_first has no parameter 'steps'; its parameters: seed, n"):
+        runner.run("default", only="01", folder=book, overrides={"steps": 3}, log=lambda *_: None)
+    capsys.readouterr()
+    for bad in (["--set", "n"], ["--set", "=3"], ["--set", "profile=smoke"]):
+        assert runner.main(["--only", "01", *bad, "--notebooks", str(book)]) == 1
+        assert capsys.readouterr().err.startswith("error: --set "), bad
+
+
+PROFILED = '''
+from dataclasses import dataclass
+from replication import params, workbook
+
+@params.notebook("03_third")
+@dataclass
+class Third(params.Params):
+    n: int = params.p()
+    m: int = params.p()
+
+run = workbook.start("03_third", globals())
+run.log(n=n, m=m)
+run.finish()
+'''
+
+
+def test_papermill_by_hand_with_profile_smoke_runs_at_smoke_size(tmp_path, runs, monkeypatch):
+    """`papermill -p profile smoke -p m 1` in a real kernel: the smoke profile's n, and m as given by hand although
+    it equals the cell's value (papermill injected it)."""
+    import papermill as pm
+
+    folder = tmp_path / "nb"
+    (folder / "params").mkdir(parents=True)
+    nb = new_notebook()
+    cell = new_code_cell("profile = 'default'\nseed = 0\nn = 3\nm = 1")
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell, new_code_cell(PROFILED)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / "03_third.ipynb")
+    (folder / "params/03_third.json").write_text(json.dumps({"smoke": {"n": 4, "m": 2}, "default": {}, "paper": {}}))
+    monkeypatch.setenv("REPLICATION_NOTEBOOKS", str(folder))
+    monkeypatch.delenv(config.RUNNER_ENV, raising=False)
+    pm.execute_notebook(str(folder / "03_third.ipynb"), str(tmp_path / "out.ipynb"), parameters={"profile": "smoke", "m": 1},
+                        kernel_name="python3", progress_bar=False, log_output=False)
+    record = json.loads((runs / "smoke-scratch/metrics/03_third.json").read_text())
+    assert record["metrics"] == {"n": 4, "m": 1} and record["parameters"]["n"] == 4 and record["profile"] == "smoke"
+    assert not (runs / "smoke").exists()

@@ -1,9 +1,12 @@
 import json
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
+import nbformat
 import pytest
+from nbformat.v4 import new_code_cell, new_notebook
 
-from replication import config, files, workbook
+from replication import config, files, params, workbook
 from replication.figures import savefig
 
 
@@ -11,7 +14,9 @@ def test_run_record_and_figures(runs):
     run = workbook.start("07_example", profile="smoke", seed=3)
     plt.plot([1, 2])
     paths = savefig("07a_example_line", "A line.")
-    assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.parent == runs / "smoke/figures" for p in paths)
+    # not started by the runner: a run by hand, whose outputs go to the scratch run folder only
+    assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.parent == runs / "smoke-scratch/figures" for p in paths)
+    assert run.metrics_path == runs / "smoke-scratch/metrics/07_example.json"
     with pytest.raises(ValueError, match="name="):
         savefig("08a_wrong_notebook", "x")
     with pytest.raises(ValueError, match="evidence="):
@@ -21,6 +26,7 @@ def test_run_record_and_figures(runs):
     run.claim("c", "1", "2", "real model", "why", interval=(-0.1, 0.2), n=200)
     run.claim("c", "1", "3", "real model", "why", interval=(0.05, 0.2), n=200)  # same claim replaces the earlier row
     record = json.loads(run.finish().read_text())
+    assert not (runs / "smoke").exists()
     assert record["seed"] == 3 and len(record["claims"]) == 1 and record["claims"][0]["measured"] == "3"
     row = record["claims"][0]
     assert row["verdict"] == "reproduced" and row["evidence"] == "real model" and row["interval"] == [0.05, 0.2]
@@ -50,3 +56,65 @@ def test_default_profile_figures_go_to_committed_folder(monkeypatch):
     monkeypatch.delenv("REPLICATION_FIGURES", raising=False)
     assert config.figures_dir("default") == config.ROOT / "figures"
     assert config.figures_dir("smoke") != config.ROOT / "figures"
+
+
+@pytest.fixture
+def profiled(tmp_path, monkeypatch):
+    """A notebook 07_example with a parameters cell (n = 3, m = 1, lr = 0.001) and a smoke profile that changes
+    n and m, in a notebooks folder that runs by hand read (REPLICATION_NOTEBOOKS); its class is registered."""
+    folder = tmp_path / "notebooks"
+    (folder / "params").mkdir(parents=True)
+    nb = new_notebook()
+    cell = new_code_cell("profile = 'default'\nseed = 0\nn = 3   # sizes\nm = 1\nlr = 0.001")
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell, new_code_cell('run = workbook.start("07_example", globals())')]
+    nbformat.write(nb, folder / "07_example.ipynb")
+    (folder / "params/07_example.json").write_text(json.dumps({"smoke": {"n": 4, "m": 2}, "default": {}, "paper": {}}))
+
+    @dataclass
+    class Example(params.Params):
+        n: int = params.p()
+        m: int = params.p()
+        lr: float = params.p(low=0.0, high=1.0)
+
+    monkeypatch.setitem(params.REGISTRY, "07_example", Example)
+    monkeypatch.setenv("REPLICATION_NOTEBOOKS", str(folder))
+    monkeypatch.delenv(config.RUNNER_ENV, raising=False)
+    return folder
+
+
+CELL = {"profile": "default", "seed": 0, "n": 3, "m": 1, "lr": 0.001}
+
+
+def test_profile_set_by_hand_loads_its_values(profiled, runs):
+    """profile = 'smoke' edited in JupyterLab (or -p profile smoke): the smoke sizes, in run.params and globals."""
+    namespace = {**CELL, "profile": "smoke"}
+    run = workbook.start("07_example", namespace)
+    assert (run.params.n, run.params.m, run.params.lr) == (4, 2, 0.001) and (namespace["n"], namespace["m"]) == (4, 2)
+    assert run.profile == "smoke" and run.metrics_path.parent == runs / "smoke-scratch/metrics"
+    # the default profile changes nothing
+    assert workbook.start("07_example", dict(CELL)).params.n == 3
+
+
+def test_values_set_by_hand_win_over_the_profile(profiled, runs):
+    # edited in the cell: a value other than the committed one is kept
+    assert params.profile_changes("07_example", {**CELL, "profile": "smoke", "n": 10}, profiled) == {"m": 2}
+    # papermill -p profile smoke -p m 1: injected, so kept even though it equals the cell's value
+    injected = ["", "profile = 'default'\nseed = 0\nn = 3\nm = 1\nlr = 0.001", '# Parameters\nprofile = "smoke"\nm = 1\n']
+    namespace = {**CELL, "profile": "smoke", "In": injected}
+    assert params.injected_names(namespace) == {"profile", "m"}
+    assert params.profile_changes("07_example", namespace, profiled) == {"n": 4}
+    run = workbook.start("07_example", namespace)
+    assert (run.params.n, run.params.m) == (4, 1)
+    with pytest.raises(ValueError, match="profile='fast' is not allowed"):
+        workbook.start("07_example", {**CELL, "profile": "fast"})
+
+
+def test_runner_kernels_take_the_parameters_as_injected(profiled, runs, monkeypatch):
+    """Under the runner (it names its run folder in RUNNER_ENV) the profile is not applied a second time: the
+    runner injected the resolved values (here an override equal to the cell's value), and outputs are staged."""
+    monkeypatch.setenv(config.RUNNER_ENV, "smoke")
+    run = workbook.start("07_example", {**CELL, "profile": "smoke", "n": 3, "m": 2})
+    assert (run.params.n, run.params.m) == (3, 2)
+    assert run.metrics_path == runs / "smoke/staging/07_example/metrics/07_example.json"
+    assert run.figures_dir == runs / "smoke/staging/07_example/figures"
