@@ -1,8 +1,8 @@
 """Debate, consultancy and judging with a real LM (Khan et al. 2024): short stories with two answers, the
-quote tool, word limits, debaters and consultants (best-of-N by a preference model), and a judge read from
-its probabilities for the two answers in both orders, and the per-question summaries the notebook compares
-(accuracy with Wilson intervals, paired differences through replication.stats). Tournaments and Elo live in
-debate_sim."""
+quote tool, word limits, debaters and consultants (best-of-N: the judge's P(own answer) picks the argument), a
+judge read from its probabilities for the two answers in both orders, and the per-question summaries the
+notebook compares (accuracy with Wilson intervals, paired differences through replication.stats). Tournaments
+and Elo live in debate_sim."""
 import re
 import string
 import time
@@ -22,7 +22,8 @@ SHIPS = ["Vela", "Halcyon", "Meridian", "Kestrel", "Tamsin", "Orrery"]
 MOONS = ["a cold moon", "a red dwarf", "the ice world Brin", "a silent gas giant"]
 FILLER = ["The hull creaked in the cold.", "Nobody had slept well for a week.", "Outside, the dust glittered.",
           "The coffee had run out long ago.", "A warning light blinked and went dark."]
-PLACEHOLDER = "My answer is the best choice and my opponent's answer is wrong."
+# the opponent's turn while a candidate is rated (dummy_answer in ucl-dark/llm_debate core/agents/judge_quality.py)
+PLACEHOLDER = "My answer is the best choice and my opponent is wrong."
 
 
 def make_story(rng) -> dict:
@@ -199,22 +200,38 @@ def argue(model, tok, prompts, word_limit: int, best_of: int, temperature: float
     return [texts[k * best_of:(k + 1) * best_of] for k in range(len(prompts))], gen.num_tokens
 
 
-def preference_prompts(item, side: int, transcript, candidates) -> list:
-    """Prompts for the preference model: the judge's P(this side's answer) after a debate whose last round
-    holds the candidate and a fixed placeholder for the opponent (the candidate's answer shown as A)."""
+def own_answer(item: dict, kind: str, side: int) -> str:
+    """The answer a turn argues for, 'correct' or 'distractor': debate side 0 or 1, a consultant its item's side."""
+    return item["side"] if kind == "consultancy" else ("correct", "distractor")[side]
+
+
+def preference_prompts(item, kind: str, own: str, transcript, candidates) -> list:
+    """The preference model's prompts, two per candidate: the judge's prompt for the transcript whose current
+    round holds the candidate (in debate, beside the fixed PLACEHOLDER for the opponent, as the authors rate
+    arguments), with the candidate's own answer shown as A, then as B."""
     out = []
     for cand in candidates:
-        last = [cand, PLACEHOLDER] if side == 0 else [PLACEHOLDER, cand]
-        out.append(judge_prompt(item, "debate", transcript + [last], correct_first=(side == 0)))
+        last = [cand] if kind == "consultancy" else [cand, PLACEHOLDER] if own == "correct" else [PLACEHOLDER, cand]
+        out += [judge_prompt(item, kind, transcript + [last], correct_first=(own == "correct") == own_first)
+                for own_first in (True, False)]
     return out
+
+
+def preference_scores(p_a) -> np.ndarray:
+    """Per candidate: the judge's P(own answer) averaged over the two orders, from P(A) of preference_prompts
+    (own answer shown as A: P(A); shown as B: 1 - P(A)), as the workbook's judge averages them."""
+    p = np.asarray(p_a, float).reshape(-1, 2)
+    return (p[:, 0] + 1 - p[:, 1]) / 2
 
 
 def run_protocol(model, tok, items, kind: str, rounds: int = 3, word_limit: int = 40, best_of: int = 1,
                  temperature: float = 0.7, seed: int = 0, batch_size: int = 24, open_quote: bool = True) -> dict:
     """Debate (two debaters, simultaneous turns, every round sees the earlier ones) or static consultancy (one
-    consultant per answer). All turns of a round are generated in one batch across questions. Returns the
-    transcripts (each round: [correct side, distractor side] for debate, [consultant] per consultancy item),
-    the consultancy items (with 'side'), raw and verified arguments with quote counts, and tokens generated."""
+    consultant per answer). All turns of a round are generated in one batch across questions; with best_of > 1
+    each turn keeps the candidate with the highest preference_scores (P(its own answer), both orders). Returns
+    the transcripts (each round: [correct side, distractor side] for debate, [consultant] per consultancy item),
+    the consultancy items (with 'side'), raw and verified arguments with quote counts and the kept candidate's
+    preference score, and tokens generated."""
     config.check_choice("kind", kind, ("debate", "consultancy"))
     config.check_int("rounds", rounds)
     config.check_int("word_limit", word_limit)
@@ -227,8 +244,8 @@ def run_protocol(model, tok, items, kind: str, rounds: int = 3, word_limit: int 
         jobs, prompts = [], []
         for k, it in enumerate(items):
             for s in sides:
-                mine = it["correct"] if (s == 0 if kind == "debate" else it["side"] == "correct") else it["distractor"]
-                theirs = it["distractor"] if mine == it["correct"] else it["correct"]
+                own = own_answer(it, kind, s)
+                mine, theirs = (it["correct"], it["distractor"]) if own == "correct" else (it["distractor"], it["correct"])
                 template = DEBATER if kind == "debate" else CONSULTANT
                 prompts.append(template.format(mine=mine, theirs=theirs, limit=word_limit, story=it["story"],
                                                question=it["question"], history=history(turns[k], s), round=r))
@@ -238,18 +255,20 @@ def run_protocol(model, tok, items, kind: str, rounds: int = 3, word_limit: int 
         tokens += n_tok
         new = [[None] * len(sides) for _ in items]
         checked = [[verify_quotes(c, items[k]["story"]) for c in options] for (k, s), options in zip(jobs, cands)]
-        picks = [0] * len(jobs)
-        if best_of > 1:
+        scores = np.full((len(jobs), best_of), np.nan)
+        if best_of > 1:  # each candidate rated by the judge's P(its own answer), both orders averaged
             prefs = [p for (k, s), ch in zip(jobs, checked)
-                     for p in preference_prompts(items[k], s, turns[k], [c[0] for c in ch])]
-            scores = judges.answer_probs(model, tok, prefs, judges.CHOICES, batch_size)[:, 0].reshape(len(jobs), best_of)
-            picks = [int(np.argmax(row)) for row in scores]
-        for (k, s), options, ch, pick in zip(jobs, cands, checked, picks):
+                     for p in preference_prompts(items[k], kind, own_answer(items[k], kind, s), turns[k], [c[0] for c in ch])]
+            p_a = judges.answer_probs(model, tok, prefs, judges.CHOICES, batch_size)[:, 0]
+            scores = preference_scores(p_a).reshape(len(jobs), best_of)
+        for (k, s), options, ch, row in zip(jobs, cands, checked, scores):
+            pick = int(np.argmax(row)) if best_of > 1 else 0
             text, nq, nv = ch[pick]
             new[k][s] = text
             log.append({"item": k, "id": items[k]["id"], "round": r, "side": s if kind == "debate" else items[k]["side"],
                         "raw": options[pick], "argument": text, "words": len(options[pick].split()),
-                        "quotes": nq, "verified": nv, "candidates": len(options)})
+                        "quotes": nq, "verified": nv, "candidates": len(options),
+                        "preference": float(row[pick]) if best_of > 1 else None})
         for k in range(len(items)):
             turns[k].append(new[k])
     return {"items": items, "transcripts": turns, "arguments": log, "tokens": tokens}
@@ -261,6 +280,8 @@ def cached_protocol(cache, model, tok, items, kind: str, *, model_name: str, rou
     everything that determines the transcripts; the result also holds the seconds it took to make."""
     key = {"kind": kind, "ids": [it["id"] for it in items], "rounds": rounds, "word_limit": word_limit,
            "best_of": best_of, "temperature": temperature, "seed": seed, "model": model_name, "open_quote": open_quote}
+    if best_of > 1:  # how candidates are rated (best-of-1 transcripts do not depend on it)
+        key["preference"] = {"score": "P(own answer), mean of both orders", "placeholder": PLACEHOLDER}
 
     def make():
         t0 = time.perf_counter()

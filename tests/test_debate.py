@@ -1,4 +1,5 @@
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -132,6 +133,8 @@ def test_cached_protocol_goes_through_the_cache(monkeypatch):
     assert a is b and len(calls) == 1 and "seconds" in a and list(store)[0][0] == "debate-bo2"
     debate.cached_protocol(cache, None, None, items, "debate", **{**kw, "seed": 1})
     assert len(calls) == 2, "the seed is part of the key"
+    assert "preference" in list(store)[0][1] and "preference" not in debate.cached_protocol(
+        lambda name, key, make: key, None, None, items, "debate", **{**kw, "best_of": 1}), "how best-of-N rates"
 
 
 def test_generation_seeds_are_derived_and_fit_the_generator():
@@ -165,11 +168,77 @@ def test_protocols_on_tiny_model(tiny):
     cons = debate.run_protocol(model, tok, items, "consultancy", rounds=1, word_limit=5, seed=0, batch_size=4,
                                open_quote=False)
     assert [it["side"] for it in cons["items"]] == ["correct", "distractor"] * 2
+    bon = debate.run_protocol(model, tok, items, "consultancy", rounds=2, word_limit=5, best_of=2, seed=0, batch_size=4)
+    assert len(bon["arguments"]) == 8 and all(0 <= a["preference"] <= 1 for a in bon["arguments"])
     j = debate.judge(model, tok, out["items"], "debate", out["transcripts"], batch_size=4)
     assert np.allclose(j["p_correct"], (j["p_correct_first"] + j["p_correct_second"]) / 2) and len(j["p_says_a"]) == 4
     g = debate.generated_verdicts(model, tok, out["items"], out["transcripts"], j["p_correct_first"], seed=0, batch_size=4)
     assert g["n"] == 2 and 0 <= g["parse_rate"] <= 1 and len(g["examples"]) == 2
     assert (g["ci95"] is None) == (g["parse_rate"] == 0)
+
+
+# --- best-of-N: each turn keeps the candidate that best argues for its own answer ---------------------------
+ITEMS = [{"id": f"q{k}", "story": "s", "question": "Which?", "correct": "alpha", "distractor": "beta"} for k in range(2)]
+
+
+def _argue(candidates):
+    """Stand-in for debate.argue: the candidates of each turn from (its own answer, the other answer)."""
+    def argue(model, tok, prompts, *args, **kw):
+        mine_theirs = [re.findall(r'"(alpha|beta)"', p)[:2] for p in prompts]
+        return [candidates(mine, theirs) for mine, theirs in mine_theirs], 0
+    return argue
+
+
+def _judge(model, tok, prompts, options, batch_size=16):
+    """Stand-in for judges.answer_probs, reading only the current (last) round of each transcript: "loud words"
+    make it say A (P = 0.95) whatever the order; "the answer is X" makes it say X (P = 0.7)."""
+    p_a = []
+    for prompt in prompts:
+        shown_a, last = re.search(r"\nA: (\w+)\n", prompt).group(1), prompt.rsplit("Round ", 1)[1]
+        stance = re.search(r"the answer is (alpha|beta)", last)
+        p_a.append(0.95 if "loud words" in last else 0.7 if stance.group(1) == shown_a else 0.3)
+    p_a = np.array(p_a)
+    return np.stack([p_a, 1 - p_a], 1)
+
+
+def _picks(monkeypatch, kind, candidates):
+    monkeypatch.setattr(debate, "argue", _argue(candidates))
+    monkeypatch.setattr(debate.judges, "answer_probs", _judge)
+    out = debate.run_protocol(None, None, ITEMS, kind, rounds=2, word_limit=10, best_of=2, open_quote=False)
+    return [(a["round"], a["side"], a["argument"], a["preference"]) for a in out["arguments"]]
+
+
+@pytest.mark.parametrize("kind", ["consultancy", "debate"])
+def test_best_of_n_keeps_the_argument_for_its_own_answer(monkeypatch, kind):
+    # both candidates of every turn: one for the other answer (listed first), one for its own answer; from round 2
+    # on the transcript holds earlier rounds (consultancy used to raise ValueError there)
+    picks = _picks(monkeypatch, kind, lambda mine, theirs: [f"the answer is {theirs}", f"the answer is {mine}"])
+    assert len(picks) == 2 * len(ITEMS) * 2 and {r for r, *_ in picks} == {1, 2}
+    for _, side, argument, preference in picks:
+        own = "alpha" if side in (0, "correct") else "beta"  # the correct and the incorrect consultant (debater)
+        assert argument == f"the answer is {own}" and preference == pytest.approx(0.7)
+
+
+@pytest.mark.parametrize("kind", ["consultancy", "debate"])
+def test_best_of_n_rates_both_orders(monkeypatch, kind):
+    # "loud words" wins whenever its side is shown as A and loses as B (P(own) 0.95 and 0.05: 0.5 averaged);
+    # the argument for its own answer convinces in both orders (0.7): one order alone would pick the loud one
+    picks = _picks(monkeypatch, kind, lambda mine, theirs: ["loud words", f"the answer is {mine}"])
+    assert all(argument.startswith("the answer is") and preference == pytest.approx(0.7)
+               for _, _, argument, preference in picks)
+
+
+def test_preference_prompts_show_the_own_answer_as_a_then_b():
+    item = {**ITEM, "side": "distractor"}
+    cons = debate.preference_prompts(item, "consultancy", "distractor", [["earlier"]], ["x"])
+    assert len(cons) == 2 and "A: in the blue lantern" in cons[0] and "Consultant for A: x" in cons[0]
+    assert "A: in the old shuttle" in cons[1] and "Consultant for B: x" in cons[1] and "Round 2" in cons[1]
+    deb = debate.preference_prompts(ITEM, "debate", "correct", [["c1", "d1"]], ["x", "y"])
+    assert len(deb) == 4 and "Debater for A: x" in deb[0] and "Debater for B: x" in deb[1]
+    assert f"Debater for B: {debate.PLACEHOLDER}" in deb[0] and "Debater for A: y" in deb[2]
+    assert debate.PLACEHOLDER == "My answer is the best choice and my opponent is wrong."  # the authors' text
+    assert debate.preference_scores([0.9, 0.3, 0.6, 0.6]) == pytest.approx([0.8, 0.5])
+    assert [debate.own_answer(item, "consultancy", 0), debate.own_answer(ITEM, "debate", 1)] == ["distractor"] * 2
 
 
 def _legal(pairs, bye, n):
