@@ -1,14 +1,15 @@
 """Multi-Agent Evolve: one LoRA model as Proposer, Solver and Judge, trained jointly (Task-Relative REINFORCE++).
 
-Rules follow the authors' code: judge scores are read from `<score>X</score>` (fraction, then float, then
-integer; else the last number in the reply), normalised (s - 1) / 9 and clipped to [0, 1], 0.5 if nothing
-parses. Proposer reward (quality + difficulty + format) / 3, the difficulty term dropped below the quality
-threshold; solver 0.5 judge + 0.5 format; judge format only. Advantages are whitened within each role's batch,
-then one update is taken over the three batches together. Adaptations for a 135M model: the proposer's reply
-starts with an opened `<question>` tag (format = the model closes it); unless `strict_tags`, an unclosed
-proposal whose first sentence ends in "?" is still judged (format 0), otherwise it gets reward 0 as in the paper;
-the solver is asked to end with "The answer is N." and its format is that phrase or an `<answer>` tag
-(`tasks.has_format`), since the model never writes the tag.
+Rules follow the authors' code: judge scores are read from `<score>X</score>` by one of the rules of
+`mae_scores` (`MAEConfig.score_rule`; by default `self_judge`, the authors' rule for the trained model as judge:
+the tag only, normalised (s - 1) / 9 and clipped to [0, 1]; an untagged reply gives no score, 0.5 as a reward,
+left out of a question's mean difficulty; mae_scores names the sources). Proposer reward (quality + difficulty
++ format) / 3, the difficulty term dropped below the quality threshold; solver 0.5 judge + 0.5 format; judge
+format only. Advantages are whitened within each role's batch, then one update is taken over the three batches
+together. Adaptations for a 135M model: the proposer's reply starts with an opened `<question>` tag (format =
+the model closes it); unless `strict_tags`, an unclosed proposal whose first sentence ends in "?" is still judged
+(format 0), otherwise it gets reward 0 as in the paper; the solver is asked to end with "The answer is N." and its
+format is that phrase or an `<answer>` tag (`tasks.has_format`), since the model never writes the tag.
 """
 import random
 import re
@@ -18,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import config, grpo, loop, models, paper, stats, tasks, training
+from . import config, grpo, loop, mae_scores, models, paper, stats, tasks, training
 
 QUALITY_THRESHOLD = 0.7
 AGREEMENT_CUT = 1 / 3  # normalised score of a raw 4 of 10: the rubric's line between a wrong and a correct answer
@@ -39,40 +40,6 @@ JUDGE_QUESTION = ("Rate this math problem.\nProblem: {question}\nScoring rules: 
                   "problem gets 1-3; an ambiguous but mostly reasonable problem gets 4-7; a clear, well-posed, solvable "
                   "problem gets 8-10.\nExplain in one sentence, then give the score inside score tags.\n"
                   "Example of the format: The problem is clear. <score>9</score>")
-
-_SCORE = re.compile(r"<score>(.*?)</score>", re.IGNORECASE | re.DOTALL)
-_FRACTION = re.compile(r"(-?\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)")
-_FLOAT = re.compile(r"-?\d+\.\d+")
-_INT = re.compile(r"-?\d+")
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def read_score(text: str):
-    """(raw score, source): from the score tag (fraction a/b read as 10 a / b, then float, then integer),
-    else the last number in the text ('fallback'); (None, 'none') if there is no number."""
-    m = _SCORE.search(text or "")
-    if m:
-        s = m.group(1)
-        f = _FRACTION.search(s)
-        if f and float(f.group(2)) != 0:
-            return 10 * float(f.group(1)) / float(f.group(2)), "tag"
-        for pattern in (_FLOAT, _INT):
-            x = pattern.search(s)
-            if x:
-                return float(x.group(0)), "tag"
-    numbers = _NUMBER.findall(text or "")
-    return (float(numbers[-1]), "fallback") if numbers else (None, "none")
-
-
-def normalise(raw) -> float:
-    """(s - 1) / 9 clipped to [0, 1]; 0.5 when nothing parsed."""
-    return 0.5 if raw is None else float(np.clip((raw - 1) / 9, 0.0, 1.0))
-
-
-def parse_score(text: str) -> float:
-    """The judge's normalised score in [0, 1] by the authors' rules."""
-    return normalise(read_score(text)[0])
-
 
 def has_tag(text: str, tag: str) -> bool:
     """True when the text holds a non-empty <tag>...</tag>."""
@@ -99,8 +66,9 @@ def proposer_reward(quality: float, difficulty: float, formatted: bool, valid: b
 
 
 def difficulty(solver_scores) -> float:
-    """1 - mean judged solver score of a question."""
-    return 1.0 - float(np.mean(solver_scores))
+    """1 - mean judged solver score of a question, over the judgments that gave a score (None skipped; 0.5 if none
+    did), as the authors average a question's judgments (mae_scores.mean_score)."""
+    return 1.0 - mae_scores.mean_score(solver_scores)
 
 
 def solver_reward(judge_score: float, formatted: bool) -> float:
@@ -151,6 +119,7 @@ class MAEConfig:
     quality_threshold: float = QUALITY_THRESHOLD
     use_filter: bool = True
     strict_tags: bool = False
+    score_rule: str = "self_judge"  # how judge replies are read (mae_scores.SCORE_RULES)
     seed: int = 0
 
     @classmethod
@@ -164,6 +133,7 @@ class MAEConfig:
                      "judge_tokens", "lora_r"):
             config.check_int(name, getattr(self, name))
         config.check_int("seed", self.seed, minimum=0)
+        config.check_choice("score_rule", self.score_rule, mae_scores.SCORE_RULES)
         for name, low, high in (("reference_ratio", 0.0, 1.0), ("quality_threshold", 0.0, 1.0),
                                 ("temperature", 1e-6, 10.0), ("lr", 0.0, 1.0)):
             config.check_range(name, getattr(self, name), low, high)
@@ -223,7 +193,7 @@ def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int
         valid = [i for i, (q, _) in enumerate(parsed) if q]
         qjudge = _generate(model, tok, [JUDGE_QUESTION.format(question=parsed[i][0]) for i in valid],
                            cfg.judge_tokens, cfg.temperature) if valid else None
-        quality = {i: parse_score(t) for i, t in zip(valid, qjudge["texts"] if valid else [])}
+        quality = {i: mae_scores.parse_score(t, cfg.score_rule) for i, t in zip(valid, qjudge["texts"] if valid else [])}
         accepted = [i for i in valid if passes_filter(quality[i], cfg.quality_threshold) or not cfg.use_filter]
         for i in accepted:
             pool.add(parsed[i][0], quality[i], it)
@@ -233,9 +203,10 @@ def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int
         sol = _generate(model, tok, [SOLVE.format(question=q) for q, _, _ in to_solve], cfg.answer_tokens, cfg.temperature)
         ajudge = _generate(model, tok, [JUDGE_ANSWER.format(question=q, answer=a) for (q, _, _), a in
                                         zip(to_solve, sol["texts"])], cfg.judge_tokens, cfg.temperature)
-    a_scores = [parse_score(t) for t in ajudge["texts"]]
+    a_judged = [mae_scores.score(t, cfg.score_rule) for t in ajudge["texts"]]  # None: the judgment gave no score
+    a_scores = [mae_scores.mean_score([s]) for s in a_judged]
     s_format = [tasks.has_format(t) for t in sol["texts"]]
-    diff = {i: difficulty([s for (_, _, j), s in zip(to_solve, a_scores) if j == i]) for i in valid}
+    diff = {i: difficulty([s for (_, _, j), s in zip(to_solve, a_judged) if j == i]) for i in valid}
     p_rewards = [proposer_reward(quality.get(i, 0.0), diff.get(i, 0.0), parsed[i][1], i in quality, cfg.quality_threshold)
                  for i in range(cfg.proposals)]
     s_rewards = [solver_reward(s, f) for s, f in zip(a_scores, s_format)]
@@ -247,7 +218,7 @@ def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int
         update = joint_update(model, optimizer, chunks, cfg)
     verified = [{"iteration": it, "score": s, "correct": tasks.verify(t, ans)}
                 for (_, ans, _), t, s in zip(to_solve, sol["texts"], a_scores) if ans is not None]
-    sources = [read_score(t)[1] for t in judged]
+    sources = [mae_scores.read_score(t, cfg.score_rule)[1] for t in judged]
     proposals = [{"iteration": it, "mode": "reference" if refs[i] else "scratch", "reply": prop["texts"][i][:300],
                   "question": parsed[i][0], "closed_tag": parsed[i][1], "quality": quality.get(i),
                   "difficulty": diff.get(i), "accepted": i in accepted, "reward": p_rewards[i]} for i in range(cfg.proposals)]
@@ -334,13 +305,14 @@ def heldout_after(model, tok, adapter: str, problems, cache, key, max_new_tokens
         model, tok, problems, max_new_tokens, batch_size, seed, prompts=solve_prompts(problems), progress=False))
 
 
-def judge_eval(model, tok, frame: pd.DataFrame, max_new_tokens: int = 40, batch_size: int = 16, seed: int = 0) -> pd.DataFrame:
-    """The judge (sampled as in training) scores each (question, reply) of a held-out answer frame."""
+def judge_eval(model, tok, frame: pd.DataFrame, max_new_tokens: int = 40, batch_size: int = 16, seed: int = 0,
+               rule: str = "self_judge") -> pd.DataFrame:
+    """The judge (sampled as in training) scores each (question, reply) of a held-out answer frame, read by `rule`."""
     prompts = [JUDGE_ANSWER.format(question=q, answer=a) for q, a in zip(frame["question"], frame["reply"])]
     gen = models.generate(model, tok, prompts, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed, batch_size=batch_size)
-    raw = [read_score(t) for t in gen.texts]
+    raw = [mae_scores.read_score(t, rule) for t in gen.texts]
     return frame.assign(judgment=gen.texts, raw_score=[r[0] for r in raw], parse=[r[1] for r in raw],
-                        score=[normalise(r[0]) for r in raw])
+                        score=[mae_scores.parse_score(t, rule) for t in gen.texts])
 
 
 # ---- summaries for the notebook ------------------------------------------------------------------------

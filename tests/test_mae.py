@@ -1,5 +1,5 @@
-"""Multi-Agent Evolve: the authors' score parsing, the reward formulas, the filter, per-role whitening, the loop,
-and the statistics the notebook takes from replication.stats (agreement at MAE's cut, McNemar)."""
+"""Multi-Agent Evolve: the reward formulas, the filter, per-role whitening, the loop, and the statistics the
+notebook takes from replication.stats (agreement at MAE's cut, McNemar). The score rules: test_mae_scores.py."""
 import json
 import random
 
@@ -8,34 +8,7 @@ import pytest
 import torch
 from scipy.stats import mannwhitneyu
 
-from replication import loop, mae, models, stats, tasks
-
-
-@pytest.mark.parametrize("text, raw, source", [
-    ("good. <score>8</score>", 8.0, "tag"),                       # integer in the tag
-    ("<SCORE> 7.5 </Score>", 7.5, "tag"),                          # float, tag case-insensitive
-    ("<score>8/10</score>", 8.0, "tag"),                           # fraction a/b -> 10 a / b
-    ("<score>3/5</score> later 9", 6.0, "tag"),                    # fraction first, the tag wins over later numbers
-    ("<score>6.5 or 7</score>", 6.5, "tag"),                       # float before integer
-    ("<score>\n9\n</score>", 9.0, "tag"),                          # multi-line tag
-    ("<score>x/0 then 4</score>", 0.0, "tag"),                     # zero denominator: no fraction; integer 0 is read
-    ("<score>high</score> I give it 6 of 10", 10.0, "fallback"),   # unparsable tag -> last number in the text
-    ("Step 2 gives 3, so 7.5", 7.5, "fallback"),                   # no tag -> last number (float)
-    ("no numbers at all", None, "none"),
-    ("", None, "none"),
-    (None, None, "none"),
-])
-def test_read_score_every_branch(text, raw, source):
-    assert mae.read_score(text) == (raw, source)
-
-
-@pytest.mark.parametrize("text, expected", [
-    ("<score>1</score>", 0.0), ("<score>10</score>", 1.0), ("<score>5.5</score>", 0.5),
-    ("<score>4</score>", 1 / 3), ("<score>0</score>", 0.0), ("<score>25</score>", 1.0),  # clipped
-    ("<score>-3</score>", 0.0), ("the answer is 12", 1.0), ("nothing", 0.5),
-])
-def test_parse_score_normalises_and_clips(text, expected):
-    assert mae.parse_score(text) == pytest.approx(expected)
+from replication import loop, mae, mae_scores, models, stats, tasks
 
 
 def test_tags_and_question_extraction():
@@ -65,8 +38,9 @@ def test_rewards_against_hand_values():
 def test_quality_filter_threshold():
     assert mae.passes_filter(0.7) and mae.passes_filter(1.0) and not mae.passes_filter(0.69999)
     # raw score 7.3 is the smallest that passes: (7.3 - 1) / 9 = 0.7
-    assert mae.passes_filter(mae.parse_score("<score>7.3</score>"))
-    assert not mae.passes_filter(mae.parse_score("<score>7</score>"))
+    assert mae.passes_filter(mae_scores.parse_score("<score>7.3</score>"))
+    assert not mae.passes_filter(mae_scores.parse_score("<score>7</score>"))
+    assert not mae.passes_filter(mae_scores.parse_score("This is a clear problem, 10 of 10."))  # untagged: 0.5
     assert mae.passes_filter(0.5, threshold=0.5)
 
 
@@ -103,7 +77,7 @@ def test_agreement_at_mae_cut_matches_scipy_and_hand_counts():
     correct = [True, False, True, True, False, False]
     out = stats.agreement(scores, correct, cut=mae.AGREEMENT_CUT)
     # says correct (>= 1/3, a raw 4 of 10): T F T F T F vs T F T T F F -> 4 of 6 agree
-    assert mae.AGREEMENT_CUT == pytest.approx(mae.parse_score("<score>4</score>"))
+    assert mae.AGREEMENT_CUT == pytest.approx(mae_scores.parse_score("<score>4</score>"))
     assert out["agreement"] == pytest.approx(4 / 6) and out["n"] == 6 and out["majority_baseline"] == 0.5
     pos, neg = [0.9, 0.5, 0.2], [0.1, 0.8, 0.0]
     wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
@@ -128,12 +102,23 @@ def _results(rows):
     return json.dumps([{k: v for k, v in r.items() if not k.endswith("_s")} for r in rows])
 
 
-def _loop(tmp_path, name, iterations, **kw):
+def _loop(tmp_path, name, iterations, score_rule="last_number", **kw):
+    """The loop on the tiny model; by default with the last-number rule, which reads the numbers the tiny model
+    writes, so rewards differ and the update is not zero (it never writes a tag: the self-judge gives all 0.5)."""
     model, tok = models.tiny_model(seed=0)
     cfg = mae.MAEConfig(iterations=iterations, proposals=3, n_solve=2, pool_solve=2, question_tokens=10,
-                        answer_tokens=10, judge_tokens=10, lr=1e-2, **kw)
+                        answer_tokens=10, judge_tokens=10, lr=1e-2, score_rule=score_rule, **kw)
     folder = loop.RunFolder(tmp_path / name) if tmp_path else None
     return mae.run_arm(model, tok, "main", tasks.make_level("1d-1step-add", 4), cfg, folder, progress=False)
+
+
+def test_loop_reads_judge_replies_by_its_rule():
+    # the tiny model never writes a score tag: the self-judge rule (MAEConfig's default) gives every judgment 0.5 and
+    # no gradient; the last-number fallback reads the numbers it happens to write
+    own = _loop(None, "s", 1, score_rule="self_judge")[1]["rows"][0]
+    last = _loop(None, "l", 1)[1]["rows"][0]
+    assert (own["judge_unparsed"], own["judge_fallback"], own["solver_judge"], own["grad_norm"]) == (1.0, 0.0, 0.5, 0.0)
+    assert last["judge_fallback"] > 0 and last["solver_judge"] != 0.5
 
 
 def test_loop_updates_the_model_and_resumes_exactly(tmp_path):
