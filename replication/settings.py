@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 from typing import Optional
 
-from . import tasks
+from . import mae_scores, tasks
 from .params import Params, notebook, p
 
 MODEL = p()  # a model name known to replication.models or a local checkpoint folder
@@ -208,6 +208,7 @@ class MAE(Params):
     lora_r: int = p()
     reference_ratio: float = p(low=0.0, high=1.0)
     quality_threshold: float = p(low=0.0, high=1.0)
+    score_rule: str = p(choices=mae_scores.SCORE_RULES)
     ablation_iterations: int = p()
     batch_size: int = p()
 
