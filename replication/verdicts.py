@@ -7,7 +7,8 @@
   or a recomputed number does not match; or a stated check fails.
 - ``inconclusive``: the interval holds both no effect and the paper's direction (and its effect size); also a
   zero-width interval at no effect (no item differed: a bootstrap has no spread to decide on).
-- ``partly``: a compound claim whose parts disagree; the parts are named in the row.
+- ``partly``: a compound claim with at least one part reproduced and another not; the parts are named in
+  the row. With no part reproduced a compound claim is ``not reproduced`` if any part is, else ``inconclusive``.
 - ``not tested``: not run here, with the reason.
 
 Every claim also carries its evidence kind. A simulation shows only that a mechanism produces an effect
@@ -50,14 +51,20 @@ def from_match(measured, paper, tolerance) -> str:
 
 
 def from_parts(parts: dict) -> str:
-    """A compound claim: one word when all parts agree, else 'partly'."""
+    """A compound claim (all its parts must hold): one word when all parts agree; 'partly' when at least one
+    part is reproduced and another is not; with no part reproduced, 'not reproduced' if any part is (the
+    claim as a whole fails), else 'inconclusive'."""
     if not parts:
         raise ValueError("parts={} is not allowed; name at least one part and its verdict")
     for name, v in parts.items():
         if v not in VERDICTS:
             raise ValueError(f"part {name!r} has verdict {v!r}; choose one of {', '.join(VERDICTS)}")
     words = set(parts.values())
-    return words.pop() if len(words) == 1 else "partly"
+    if len(words) == 1:
+        return words.pop()
+    if "reproduced" in words:
+        return "partly"
+    return "not reproduced" if "not reproduced" in words else "inconclusive"
 
 
 def verdict(*, interval=None, direction: int = +1, null: float = 0.0, effect: float = None, matches=None,

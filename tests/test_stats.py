@@ -156,6 +156,8 @@ def test_verdict_from_parts():
     assert verdicts.verdict(parts={"a": "inconclusive", "b": "inconclusive"}) == "inconclusive"
     assert verdicts.verdict(parts={"a": "reproduced", "b": "inconclusive"}) == "partly"
     assert verdicts.verdict(parts={"a": "reproduced", "b": "not reproduced"}) == "partly"
+    assert verdicts.verdict(parts={"a": "inconclusive", "b": "not reproduced"}) == "not reproduced"
+    assert verdicts.verdict(parts={"a": "inconclusive", "b": "not tested"}) == "inconclusive"
     with pytest.raises(ValueError, match="choose one of"):
         verdicts.verdict(parts={"a": "sort of"})
     with pytest.raises(ValueError, match="at least one part"):
