@@ -1,12 +1,13 @@
-"""A prompted LLM judge: absolute 1-5 scores and pairwise verdicts read from the next-token distribution,
-and a corpus of responses with known quality levels to test judges on."""
+"""LLM judges: a prompted one (absolute 1-5 scores and pairwise verdicts read from the next-token distribution),
+a likelihood-comparison one (the reply the model finds likelier wins), and a corpus of responses with known
+quality levels to test judges on."""
 import re
 
 import numpy as np
 import pandas as pd
 import torch
 
-from . import config, models, tasks
+from . import config, models, noise, stats, tasks, training
 
 ABSOLUTE = ("Rate how good the response is as an answer to the question, from 1 (useless) to 5 (correct and "
             "clearly explained).\n\nQuestion: {task}\n\nResponse: {response}\n\nReply with one digit from 1 to 5.")
@@ -65,6 +66,109 @@ def pairwise(model, tok, questions, better, worse, k: int = 5, seed: int = 0, ba
     return pd.DataFrame({"p_better_first": p_first, "p_better_second": p_second, "p_better": debiased,
                          "wins": list(wins), "win_rate": wins.mean(1), "p_says_a_first": p[:n],
                          "p_says_a_second": p[n:]})
+
+
+@torch.no_grad()
+def response_logps(model, tok, questions, responses, instruction: str = None, batch_size: int = 16,
+                   progress: bool = False) -> pd.DataFrame:
+    """Each response (+ EOS) scored alone as the assistant's reply to the question (followed by `instruction`
+    on a new line when one is given): its mean and summed log-prob per token and its token count (EOS included).
+    Each distinct (question, response) is scored once; a question's responses share one pass over its prompt."""
+    from tqdm.auto import tqdm
+
+    config.check_int("batch_size", batch_size)
+    keys = list(zip(questions, responses))
+    by_question = {}
+    for q, r in dict.fromkeys(keys):
+        by_question.setdefault(q, []).append(r)
+    found = {}
+    for q, rs in tqdm(by_question.items(), desc="likelihood", disable=not progress):
+        user = q if instruction is None else f"{q}\n{instruction}"
+        for i in range(0, len(rs), batch_size):
+            chunk = rs[i:i + batch_size]
+            p_ids, p_mask, c_ids, c_mask = training.encode_pairs(tok, [user] * len(chunk), chunk)
+            lp = training.grouped_logps(model, p_ids, p_mask, c_ids, c_mask, len(chunk)) * c_mask   # (B, T)
+            n = c_mask.sum(1)
+            found.update({(q, r): (float(s_ / n_), float(s_), int(n_)) for r, s_, n_ in zip(chunk, lp.sum(1), n)})
+    out = pd.DataFrame([(q, r, *found[(q, r)]) for q, r in keys],
+                       columns=["question", "response", "mean_logp", "sum_logp", "n_tokens"])
+    return out.astype({"mean_logp": float, "sum_logp": float, "n_tokens": int})
+
+
+def likelihood_verdicts(scored: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
+    """The likelihood-comparison judge's verdicts on `pairs` (question, better, worse) from `response_logps`'s
+    table, which must hold every reply of the pairs: the reply with the higher mean log-prob per token wins.
+    Per pair: both scores and token counts, the margin (better - worse), win (1 when the better reply is the
+    likelier; a tie, possible only for equal scores, counts 0) and shorter (1 when the better reply has fewer
+    tokens, 0 more, 0.5 as many)."""
+    table = scored.drop_duplicates(["question", "response"]).set_index(["question", "response"])
+    b = table.loc[list(zip(pairs["question"], pairs["better"]))]
+    w = table.loc[list(zip(pairs["question"], pairs["worse"]))]
+    margin = b["mean_logp"].to_numpy() - w["mean_logp"].to_numpy()
+    nb, nw = b["n_tokens"].to_numpy(), w["n_tokens"].to_numpy()
+    return pd.DataFrame({"logp_better": b["mean_logp"].to_numpy(), "logp_worse": w["mean_logp"].to_numpy(),
+                         "margin": margin, "win": (margin > 0).astype(float), "tokens_better": nb, "tokens_worse": nw,
+                         "shorter": np.where(nb < nw, 1.0, np.where(nb > nw, 0.0, 0.5))})
+
+
+def likelihood_pairwise(model, tok, questions, better, worse, instruction: str = None,
+                        batch_size: int = 16, progress: bool = False) -> pd.DataFrame:
+    """The likelihood-comparison judge: each reply is scored alone (`response_logps`) and the likelier one per
+    token wins (`likelihood_verdicts`), so the order a pair is given in cannot change the verdict."""
+    pairs = pd.DataFrame({"question": list(questions), "better": list(better), "worse": list(worse)})
+    scored = response_logps(model, tok, list(pairs["question"]) * 2, list(pairs["better"]) + list(pairs["worse"]),
+                            instruction, batch_size, progress)
+    return likelihood_verdicts(scored, pairs)
+
+
+def signal(wins, alpha: float = 0.05) -> dict:
+    """Whether a judge carries signal: its accuracy over all pairs with a Wilson interval; `carries` when the
+    interval lies above 0.5."""
+    w = np.asarray(wins, dtype=float)
+    acc, lo, hi = stats.proportion_ci(float(w.sum()), len(w), alpha)
+    return {"accuracy": acc, "ci95": [lo, hi], "n": int(len(w)), "carries": bool(lo > 0.5)}
+
+
+def compare_table(columns: dict) -> pd.DataFrame:
+    """Judges side by side, each as (noise.judge_summary's dict, signal's dict) by name: accuracy over all pairs
+    and at gap 1, sigma_comp at gap 1, sigma_abs,eff and the noise ratio, each with its 95% interval."""
+    out = {}
+    for name, (j, sig) in columns.items():
+        acc1, ci1 = j["accuracy"].get("1", float("nan")), j["accuracy_ci95"].get("1", [float("nan")] * 2)
+        out[name] = [f"{sig['accuracy']:.2f} {noise.fmt_ci(sig['ci95'])} (n = {sig['n']})", f"{acc1:.2f} {noise.fmt_ci(ci1)}",
+                     f"{noise.fmt(j['sigma_comp'].get('1', float('nan')))} {noise.fmt_ci(j['sigma_comp_ci95'].get('1', [float('nan')] * 2))}",
+                     f"{noise.fmt(j['sigma_abs_eff'])} {noise.fmt_ci(j['sigma_abs_eff_ci95'])}",
+                     f"{noise.fmt(j['ratio'])} {noise.fmt_ci(j['ratio_ci95'])}"]
+    return pd.DataFrame(out, index=["accuracy, all pairs (one verdict a pair)", "accuracy, gap 1", "sigma_comp, gap 1",
+                                    "sigma_abs,eff", "ratio sigma_abs,eff / sigma_comp (gap 1)"])
+
+
+def length_check(pairs: pd.DataFrame, verdicts: pd.DataFrame) -> pd.DataFrame:
+    """Does length alone explain a judge's choices? Per pair type (better vs worse quality level) and for the
+    better reply being shorter, longer or of equal length: n, the judge's accuracy and the accuracies of "pick
+    the shorter reply" and "pick the longer reply" (a tie in length counts half), each with a Wilson interval,
+    and how often the judge picks the shorter reply where the two differ in length."""
+    df = pd.DataFrame({"pair": pairs["better_quality"].astype(str) + " vs " + pairs["worse_quality"].astype(str),
+                       "better_is": np.select([verdicts["shorter"] == 1, verdicts["shorter"] == 0],
+                                              ["shorter", "longer"], "same length"),
+                       "win": verdicts["win"].to_numpy(), "shorter": verdicts["shorter"].to_numpy()})
+    df["judge_picks_shorter"] = np.where(df["shorter"] == 0.5, np.nan, (df["win"] == df["shorter"]).astype(float))
+    rows = []
+    for col, groups in (("pair", sorted(df["pair"].unique(), reverse=True)), ("better_is", ["shorter", "longer", "same length"]),
+                        (None, ["all pairs"])):
+        for name in groups:
+            g = df if col is None else df[df[col] == name]
+            if not len(g):
+                continue
+            judge = stats.proportion_ci(float(g["win"].sum()), len(g))
+            short = stats.proportion_ci(float(g["shorter"].sum()), len(g))
+            long = stats.proportion_ci(float((1 - g["shorter"]).sum()), len(g))
+            picks = g["judge_picks_shorter"].dropna()
+            rows.append({"by": col or "all", "group": name, "n": len(g), "judge": judge[0], "judge_lo": judge[1],
+                         "judge_hi": judge[2], "pick_shorter": short[0], "shorter_lo": short[1], "shorter_hi": short[2],
+                         "pick_longer": long[0], "longer_lo": long[1], "longer_hi": long[2],
+                         "judge_picks_shorter": float(picks.mean()) if len(picks) else float("nan")})
+    return pd.DataFrame(rows)
 
 
 def parse_rating(text: str):
@@ -128,5 +232,6 @@ def quality_pairs(corpus: pd.DataFrame, per_question: int = 10, seed: int = 0) -
         for idx in rng.permutation(len(combos))[:per_question]:
             lo, hi = g.iloc[combos[idx][0]], g.iloc[combos[idx][1]]
             rows.append({"question_id": qid, "question": hi["question"], "gap": int(hi["quality"] - lo["quality"]),
-                         "better": hi["response"], "worse": lo["response"]})
+                         "better": hi["response"], "worse": lo["response"], "better_quality": int(hi["quality"]),
+                         "worse_quality": int(lo["quality"])})
     return pd.DataFrame(rows)

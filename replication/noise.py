@@ -128,8 +128,9 @@ def bootstrap_ratio(quality, scores, gaps, wins, n_boot: int = 1000, seed: int =
         else:
             picked = np.concatenate([members[j] for j in rng.integers(0, len(members), len(members))])
         comp[i] = thurstone_sigma(w[picked].mean(), gap)
-    with np.errstate(invalid="ignore"):
-        ratio = abs_eff / comp  # inf / inf (no signal in either) is undefined: nan, left out of the interval
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = abs_eff / comp  # inf / inf (no signal in either) is undefined: nan, left out of the interval;
+        # x / 0 (every comparison of the draw right) is inf
     return {"sigma_abs_eff": abs_eff, "sigma_comp": comp, "ratio": ratio,
             "ci95": {"sigma_abs_eff": _ci(abs_eff), "sigma_comp": _ci(comp), "ratio": _ci(ratio)}}
 

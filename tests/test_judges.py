@@ -1,7 +1,11 @@
-import numpy as np
-import pytest
+import copy
 
-from replication import judges, tasks
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from replication import judges, models, tasks, training
 
 
 @pytest.mark.parametrize("text, score", [("4", 4), ("Score: 5/5", 5), ("I'd say 3.", 3), ("", None), ("seven", None),
@@ -42,9 +46,90 @@ def test_quality_corpus_is_graded_and_reproducible():
         assert not tasks.verify(by_q[3], answer) and not tasks.verify(by_q[2], answer)
     pairs = judges.quality_pairs(corpus, per_question=10, seed=0)
     assert len(pairs) == 60 and set(pairs["gap"]) == {1, 2, 3, 4}
+    assert (pairs["better_quality"] - pairs["worse_quality"]).equals(pairs["gap"])
+    by_text = dict(zip(zip(corpus["question_id"], corpus["response"]), corpus["quality"]))
+    assert [by_text[(q, r)] for q, r in zip(pairs["question_id"], pairs["better"])] == list(pairs["better_quality"])
 
 
 def test_option_tokens_must_differ(tiny):
     _, tok = tiny
     with pytest.raises(ValueError, match="share a first token"):
         judges.option_ids(tok, ("Apple", "Avocado"))
+
+
+# ---- the likelihood-comparison judge ---------------------------------------------------------------------
+
+def test_response_logps_match_completion_logps(tiny):
+    """Shared-prompt scoring gives each reply's log-prob as completion_logps does on its own row, whatever the
+    batch size, order or repeats of the input; the mean is the sum over the reply's tokens (+ EOS)."""
+    model, tok = tiny
+    questions = ["q one", "q one", "q two", "q one"]
+    replies = ["short", "a longer reply", "other", "x"]
+    scored = judges.response_logps(model, tok, questions, replies, batch_size=2)
+    p_ids, p_mask, c_ids, c_mask = training.encode_pairs(tok, questions, replies)
+    with torch.no_grad():
+        ref = (training.completion_logps(model, p_ids, p_mask, c_ids, c_mask) * c_mask).sum(1).numpy()
+    assert np.allclose(scored["sum_logp"], ref, atol=1e-4)
+    assert list(scored["n_tokens"]) == [len(tok(r)["input_ids"]) + 1 for r in replies]
+    assert np.allclose(scored["mean_logp"], scored["sum_logp"] / scored["n_tokens"])
+    again = judges.response_logps(model, tok, questions[::-1] + questions[:1], replies[::-1] + replies[:1], batch_size=16)
+    assert np.allclose(again["sum_logp"].to_numpy(), np.r_[ref[::-1], ref[:1]], atol=1e-4)
+    instructed = judges.response_logps(model, tok, questions, replies, instruction="Be brief.")
+    assert not np.allclose(instructed["sum_logp"], ref, atol=1e-4)  # the instruction is part of the prompt
+
+
+def _made_to_prefer(tiny, reply, question, steps=40):
+    """A copy of the tiny model trained by SFT to give `reply` to `question`."""
+    model, tok = tiny
+    model = copy.deepcopy(model).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    p_ids, p_mask, c_ids, c_mask = training.encode_pairs(tok, [question], [reply])
+    for _ in range(steps):
+        loss = -(training.completion_logps(model, p_ids, p_mask, c_ids, c_mask) * c_mask).sum() / c_mask.sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model.eval()
+
+
+@pytest.mark.parametrize("preferred", ["abab", "cdcd"])
+def test_likelihood_judge_picks_the_reply_the_model_was_made_to_prefer(tiny, preferred):
+    _, tok = tiny
+    other = {"abab": "cdcd", "cdcd": "abab"}[preferred]
+    model = _made_to_prefer(tiny, preferred, "which?")
+    forward = judges.likelihood_pairwise(model, tok, ["which?"], [preferred], [other])
+    backward = judges.likelihood_pairwise(model, tok, ["which?"], [other], [preferred])
+    assert forward["win"].tolist() == [1.0] and backward["win"].tolist() == [0.0]
+    assert forward["margin"][0] > 0 and forward["shorter"][0] == 0.5
+
+
+def test_likelihood_judge_is_symmetric_in_the_pair_order(tiny):
+    """Each reply is scored alone, so swapping a pair's replies negates the margin and flips win and shorter."""
+    model, tok = tiny
+    qs = ["q1", "q1", "q2"]
+    a, b = ["yes", "the answer is 4", "hello there"], ["no way", "4", "hi"]
+    ab = judges.likelihood_pairwise(model, tok, qs, a, b)
+    ba = judges.likelihood_pairwise(model, tok, qs, b, a, batch_size=1)
+    assert np.allclose(ab["margin"], -ba["margin"], atol=1e-5) and (ab["margin"] != 0).all()
+    assert np.array_equal(ab["win"], 1 - ba["win"]) and np.array_equal(ab["shorter"], 1 - ba["shorter"])
+    assert ab["shorter"].tolist() == [1.0, 0.0, 0.0]  # by tokens (+ EOS): 'yes' < 'no way'; the tiny tokenizer is bytes
+
+
+def test_signal_needs_an_interval_above_one_half():
+    assert judges.signal([1, 0] * 20)["carries"] is False
+    s = judges.signal([1] * 30 + [0] * 10)
+    assert s["carries"] is True and s["accuracy"] == 0.75 and s["n"] == 40 and s["ci95"][0] > 0.5
+
+
+def test_length_check_counts_by_pair_type_and_length():
+    pairs = pd.DataFrame({"better_quality": [5, 5, 4, 4], "worse_quality": [4, 4, 3, 3]})
+    verdicts = pd.DataFrame({"win": [1.0, 1.0, 0.0, 1.0], "shorter": [0.0, 0.0, 1.0, 0.5]})
+    table = judges.length_check(pairs, verdicts).set_index("group")
+    assert table.loc["5 vs 4", ["n", "judge", "pick_shorter", "pick_longer"]].tolist() == [2, 1.0, 0.0, 1.0]
+    assert table.loc["4 vs 3", ["n", "judge", "pick_shorter", "pick_longer"]].tolist() == [2, 0.5, 0.75, 0.25]
+    assert table.loc["longer", "judge"] == 1.0 and table.loc["shorter", "judge"] == 0.0
+    assert table.loc["same length", "n"] == 1
+    # where lengths differ the judge picked the longer reply 3 times of 3: it never picked the shorter one
+    assert table.loc["all pairs", "judge_picks_shorter"] == 0.0 and table.loc["all pairs", "judge"] == 0.75
+    lo, hi = table.loc["all pairs", ["judge_lo", "judge_hi"]]
+    assert lo < 0.75 < hi
