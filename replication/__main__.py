@@ -54,7 +54,15 @@ def report(argv) -> int:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Dispatch to a command; Ctrl-C anywhere (an import included) ends with one line."""
+    try:
+        return dispatch(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        print("error: interrupted; rerun the same command to resume (finished notebooks are kept)", file=sys.stderr)
+        return 130
+
+
+def dispatch(argv) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2

@@ -2,6 +2,7 @@
 
 Only the runner writes the committed results (figures/, runs/<profile>/metrics/): each notebook's figures and
 metrics are staged and promoted when it succeeds, and the skip stamp records their sha256."""
+import contextlib
 import json
 import os
 import shutil
@@ -9,7 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__, config, files, params, report as report_mod
+import nbformat
+
+from . import __version__, config, console, files, params, report as report_mod
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes, for --set checks)
 from .config import NOTEBOOKS, Paths, list_notebooks
 
@@ -127,6 +130,26 @@ def promote(stem: str, paths: Paths, figure_files) -> None:
     shutil.rmtree(staging)
 
 
+@contextlib.contextmanager
+def kernel_env(name: str):
+    """Environment for the kernels started inside: the run folder (config.RUNNER_ENV), and this package's checkout
+    first on PYTHONPATH, so a kernel imports the same source as the runner (not another installed copy)."""
+    root = str(config.ROOT)
+    changes = {config.RUNNER_ENV: name,
+               "PYTHONPATH": os.pathsep.join([root, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                     if p and p != root]])}
+    before = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = False, log=print,
             overrides: dict = None) -> str:
     """Run one notebook unless current; return 'skipped' or 'executed'. Raises RunError on failure.
@@ -150,11 +173,16 @@ def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = Fal
         + (f" (one-off overrides: outputs in {paths.root})" if overrides else ""))
     parts = stamp_parts(stem, params, folder)
     t0 = time.time()
-    before = os.environ.get(config.RUNNER_ENV)
-    os.environ[config.RUNNER_ENV] = paths.name  # the papermill kernel inherits it
+    source = Path(folder) / f"{stem}.ipynb"
+    console.quiet()
+    bar = console.Progress(stem, len(nbformat.read(source, as_version=4).cells) + 1)  # + papermill's injected cell
+    done = False
     try:
-        pm.execute_notebook(str(Path(folder) / f"{stem}.ipynb"), str(partial), parameters=params,
-                            cwd=str(folder), progress_bar=True, kernel_name="python3", log_output=False)
+        with kernel_env(paths.name):
+            pm.execute_notebook(str(source), str(partial), parameters=params, cwd=str(folder), progress_bar=False,
+                                kernel_name="python3", log_output=False, engine_name=bar.engine(),
+                                extra_arguments=console.KERNEL_ARGS, on_cell_start=bar.cell_start)
+        done = True
     except pm.PapermillExecutionError as e:
         raise RunError(f"{stem} failed at cell {e.cell_index} (execution count {e.exec_count}): "
                        f"{e.ename}: {e.evalue.splitlines()[0] if e.evalue else ''} | partly executed notebook: {partial}") from None
@@ -162,10 +190,7 @@ def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = Fal
         raise RunError(f"{stem} stopped ({type(e).__name__}: {e}); rerun to resume from it | "
                        f"partly executed notebook: {partial}") from None
     finally:
-        if before is None:
-            os.environ.pop(config.RUNNER_ENV, None)
-        else:
-            os.environ[config.RUNNER_ENV] = before
+        bar.close(done)
     metrics = staging / "metrics" / f"{stem}.json"
     if not metrics.is_file():
         raise RunError(f"{stem} ran but wrote no metrics; end it with run.finish() | notebook: {partial}")

@@ -300,3 +300,71 @@ def test_papermill_by_hand_with_profile_smoke_runs_at_smoke_size(tmp_path, runs,
     record = json.loads((runs / "smoke-scratch/metrics/03_third.json").read_text())
     assert record["metrics"] == {"n": 4, "m": 1} and record["parameters"]["n"] == 4 and record["profile"] == "smoke"
     assert not (runs / "smoke").exists()
+
+
+def test_progress_bar_shows_cells_section_and_the_notebooks_own_bar():
+    import io
+
+    from replication import console
+
+    bar = console.Progress("02_x", 10, file=io.StringIO())
+    bar.cell_start({"cell_type": "markdown", "source": "text\n## Part 2: GRPO on the real model\nmore"}, 3)
+    bar.widget_text({"value": "train:&nbsp;\u2007 40%"})
+    bar.widget_text({"value": "4/10\u2007[00:01&lt;00:02,\u2007 2.00it/s]"})
+    bar.widget_text({"value": "<b>a table</b>"})  # any other text widget is not a progress bar
+    line = str(bar.bar)
+    assert line.startswith("[02_x] 3/10 cells") and "Part 2: GRPO on the real model" in line
+    assert line.endswith("| train: 40% 4/10 [00:01<00:02, 2.00it/s]") and "table" not in line
+    bar.cell_start({"cell_type": "code", "source": "x = 1"}, 4)  # a code cell keeps the section, drops the inner bar
+    assert str(bar.bar).endswith("Part 2: GRPO on the real model")
+    bar.close(done=True)
+    assert str(bar.bar).startswith("[02_x] 10/10 cells")
+
+
+def test_console_is_quiet_and_forwards_the_notebooks_tqdm_bar(tmp_path, runs, capfd, monkeypatch):
+    """No kernel or papermill log lines on the console (the kernel's stderr is this process's), a progress line,
+    and the text of a tqdm bar inside the notebook reaching the runner through its widget messages."""
+    from replication import console
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    write_notebook(folder, "01_first", {"smoke": {}, "default": {}})
+    nb = nbformat.read(folder / "01_first.ipynb", as_version=4)
+    nb.cells[0].source += "\nsizes = dict(a=1,\n             b=2)"  # papermill cannot parse these lines: it warns
+    nb.cells.insert(1, new_code_cell("from tqdm.auto import tqdm\nfor i in tqdm(range(3), desc='inner'):\n    pass"))
+    nbformat.write(nb, folder / "01_first.ipynb")
+    seen = []
+    monkeypatch.setattr(console.Progress, "widget_text", lambda self, state: seen.append(state.get("value", "")))
+    assert runner.main(["--notebooks", str(folder), "--no-report"]) == 0
+    err = capfd.readouterr().err
+    assert "[01_first]" in err and "cells" in err
+    for noise in ("without encryption", "Unable to parse", "Traceback", "WARNING"):
+        assert noise not in err, (noise, err)
+    assert any("3/3" in str(v) for v in seen), seen
+
+
+def test_executed_notebooks_carry_no_library_warnings(tmp_path, runs):
+    """The one warning workbook.start filters (peft's read of a deprecated transformers property, harmless) leaves
+    no stderr block in an executed notebook; other warnings still show."""
+    import warnings
+
+    from replication import models, workbook
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        workbook.quiet_warnings()
+        models.add_lora(models.tiny_model(seed=0)[0], r=2)
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    write_notebook(folder, "01_first", {"smoke": {}, "default": {}})
+    nb = nbformat.read(folder / "01_first.ipynb", as_version=4)
+    nb.cells.append(new_code_cell(
+        "import warnings\n"
+        "warnings.warn('`is_gradient_checkpointing` is deprecated and will be removed in v6.', FutureWarning)\n"
+        "warnings.warn('a warning of our own', UserWarning)"))
+    nbformat.write(nb, folder / "01_first.ipynb")
+    runner.run("default", folder=folder, report=False, log=lambda *_: None)
+    outputs = nbformat.read(runs / "default/notebooks/01_first.ipynb", as_version=4).cells[-1].outputs
+    text = "".join(o.get("text", "") for o in outputs if o.get("name") == "stderr")
+    assert "a warning of our own" in text and "is_gradient_checkpointing" not in text
