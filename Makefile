@@ -1,19 +1,28 @@
-# The workbook's commands. Each target sets up the project's virtual environment first
-# (created if missing, reinstalled when pyproject.toml is newer than it).
+# The workbook's commands. Each target sets up the project's virtual environment first: created if missing with
+# $(PYTHON) (3.11, 3.12 or 3.13: `make PYTHON=python3.12 ...`), filled from requirements.lock (every package of
+# the tree, pinned) and reinstalled when pyproject.toml or the lock is newer than it. pip shows its progress.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LOCK := requirements.lock
+PIP := $(PY) -m pip install --disable-pip-version-check
 PROFILE ?= default
 ARGS ?=
+# Packages that only PyPI's CUDA build of torch needs: left out of the lock, which pins the CPU tree the workbook
+# runs on (a GPU machine's torch brings them at the versions it pins itself).
+CUDA_ONLY := cuda-bindings cuda-pathfinder cuda-toolkit nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc \
+	nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse \
+	nvidia-cusparselt-cu13 nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx triton
 
-.PHONY: venv figures smoke test lab bench clean-runs
+.PHONY: venv figures smoke test lab bench lock clean-runs
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	$(PIP) -r $(LOCK)
+	$(PIP) --no-deps -e .
 	$(PY) -m replication install-model
 	touch $(STAMP)
 
@@ -36,6 +45,11 @@ lab: $(STAMP)
 ## bench: training benchmark (ours vs TRL), prints the ratio
 bench: $(STAMP)
 	$(PY) -m replication bench grpo $(ARGS)
+
+## lock: resolve requirements.lock again from pyproject.toml's pins, for Python 3.11-3.13 (needs uv: pip install uv)
+lock:
+	uv pip compile pyproject.toml --extra test --universal --python-version 3.11 \
+		$(addprefix --no-emit-package ,$(CUDA_ONLY)) -o $(LOCK)
 
 clean-runs:
 	rm -rf runs/

