@@ -96,35 +96,157 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
     return files.write_text(index_path(profile, name), "\n".join(lines) + "\n")
 
 
-def write_html(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Path:
-    """runs/<profile>/report/index.html (runs/<name>/ for a run folder of overrides) linking each executed
-    notebook (as HTML) and the ledger."""
+# ---- the HTML report: offline, with figures and a marked ledger -------------------------------------
+
+# MathJax 2.7 from the jupyter-server-mathjax package, copied into the report folder so equations render offline;
+# the files its TeX-AMS-MML_HTMLorMML-full configuration loads (HTML-CSS output with the STIX-Web fonts).
+MATHJAX_URL = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"
+MATHJAX_PARTS = ("MathJax.js", "LICENSE", "config", "extensions", "jax/element", "jax/input", "jax/output/HTML-CSS",
+                 "fonts/HTML-CSS/STIX-Web")
+MATHJAX_SKIP = ("a11y",)  # the accessibility explorer, loaded only from MathJax's menu
+# nbconvert's lab template without require.js from the network, and MathJax told to use its STIX-Web fonts.
+MATHJAX_FONTS = ('<script>window.MathJax = {"HTML-CSS": {availableFonts: [], preferredFont: null, webFont: "STIX-Web", '
+                 'imageFont: null}, tex2jax: {inlineMath: [["$", "$"], ["\\\\(", "\\\\)"]], processEscapes: true}, '
+                 'messageStyle: "none"};</script>')
+TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{%- from 'mathjax.html.j2' import mathjax -%}
+{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
+{%- block html_head_js_mathjax -%}
+""" + MATHJAX_FONTS + """
+{{ mathjax(resources.mathjax_url) }}
+{%- endblock html_head_js_mathjax -%}
+"""
+VERDICT_COLOURS = {"reproduced": "#1b7f3b", "partly": "#1f5fa8", "inconclusive": "#a86b00",
+                   "not reproduced": "#b3261e", "not tested": "#6b6b6b"}
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+STYLE = """body{font-family:sans-serif;max-width:75em;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
+.figs{display:flex;flex-wrap:wrap;gap:1em}figure{width:22em;margin:0}figure img{width:100%;border:1px solid #ddd}
+figcaption{font-size:.85em}.badge{display:inline-block;padding:1px 8px;border-radius:1em;color:#fff;white-space:nowrap}
+.kind{display:inline-block;padding:1px 6px;border:1px solid #888;border-radius:3px;font-size:.85em;white-space:nowrap}"""
+
+
+def install_mathjax(report_dir: Path) -> Path:
+    """Copy MathJax (MATHJAX_PARTS of jupyter_server_mathjax's files) into <report>/mathjax/ unless it is there."""
+    import shutil
+
+    import jupyter_server_mathjax
+
+    source = Path(jupyter_server_mathjax.__file__).parent / "static"
+    target = Path(report_dir) / "mathjax"
+    marker = target / ".complete"
+    if not marker.is_file():
+        shutil.rmtree(target, ignore_errors=True)
+        for part in MATHJAX_PARTS:
+            if (source / part).is_dir():
+                shutil.copytree(source / part, target / part, ignore=shutil.ignore_patterns(*MATHJAX_SKIP))
+            else:
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source / part, target / part)
+        files.write_text(marker, "copied from jupyter_server_mathjax by replication.report\n")
+    return target
+
+
+def widget_text(state: dict, model_id: str) -> str:
+    """The text a widget shows in its final state: a tqdm bar's 'desc: 100%' and '272/272 [00:01<00:00]'."""
+    import re
+
+    model = state.get(model_id, {}).get("state", {})
+    parts = [widget_text(state, c.removeprefix("IPY_MODEL_")) for c in model.get("children", [])]
+    value = model.get("value") if model.get("_model_name") == "HTMLModel" else None
+    text = " ".join([html.unescape(re.sub(r"<[^>]+>", " ", str(value)))] if value else [p for p in parts if p])
+    return " ".join(text.split())
+
+
+def widgets_as_text(nb) -> None:
+    """Show each widget output as the text of its final state and drop the widget state, so the page needs no
+    widget library from the network (a notebook's tqdm bars are widgets)."""
+    state = nb.metadata.pop("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).pop(WIDGET_VIEW, None)
+            if view:
+                out["data"]["text/plain"] = widget_text(state, view.get("model_id", "")) or out["data"].get("text/plain", "")
+
+
+def notebook_html(path: Path) -> str:
+    """One executed notebook as a standalone HTML page that loads nothing from the network."""
+    import jinja2
+    import nbformat
     from nbconvert import HTMLExporter
 
+    nb = nbformat.read(path, as_version=4)
+    widgets_as_text(nb)
+    exporter = HTMLExporter(template_name="lab", extra_loaders=[jinja2.DictLoader({"report.html.j2": TEMPLATE})],
+                            template_file="report.html.j2", mathjax_url=MATHJAX_URL)
+    return exporter.from_notebook_node(nb)[0]
+
+
+def badge(text: str, colour: str = None) -> str:
+    """A coloured label (a verdict), or an outlined one (an evidence kind)."""
+    if colour is None:
+        return f'<span class="kind">{html.escape(text)}</span>'
+    return f'<span class="badge" style="background:{colour}">{html.escape(text)}</span>'
+
+
+def ledger_html(claims) -> str:
+    """The claims ledger as a table, each verdict a coloured badge and each evidence kind a label, with a count of
+    the verdicts above it."""
+    counts = {v: sum(c["verdict"] == v for c in claims) for v in VERDICT_COLOURS}
+    summary = " ".join(f"{badge(f'{n} {v}', VERDICT_COLOURS[v])}" for v, n in counts.items() if n)
+
+    def cell(c, k):
+        if k == "verdict":
+            return badge(c[k], VERDICT_COLOURS.get(c[k], "#444"))
+        if k == "evidence":
+            return badge(c[k])
+        return html.escape(_cell(c, k))
+
+    rows = "".join("<tr>" + "".join(f"<td>{cell(c, k)}</td>" for k in LEDGER_COLUMNS) + "</tr>" for c in claims)
+    head = "".join(f"<th>{k}</th>" for k in LEDGER_COLUMNS)
+    return f"<p>{summary or 'no claims recorded yet'}</p><table><tr>{head}</tr>{rows}</table>"
+
+
+def figures_html(rec: dict, paths: Paths) -> str:
+    """A notebook's figures as thumbnails with their captions, each PNG copied into <report>/figures/."""
+    out = []
+    for f in rec.get("figures", []):
+        png = next((x for x in f["files"] if x.endswith(".png")), None)
+        if png is None or not (paths.figures / png).is_file():
+            continue
+        files.write_bytes(paths.report / "figures" / png, (paths.figures / png).read_bytes())
+        src = html.escape(f"figures/{png}")
+        out.append(f'<figure><a href="{src}"><img src="{src}" alt="{html.escape(f["name"])}"></a>'
+                   f'<figcaption><b>{html.escape(f["name"])}</b>: {html.escape(f["caption"])}</figcaption></figure>')
+    return f'<div class="figs">{"".join(out)}</div>' if out else "<p>(no figures)</p>"
+
+
+def write_html(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Path:
+    """runs/<profile>/report/index.html (runs/<name>/ for a run folder of overrides): each executed notebook (as
+    HTML, with MathJax served from the report folder) with its figures as captioned thumbnails, then the ledger."""
     paths = Paths(profile, name)
     paths.report.mkdir(parents=True, exist_ok=True)
-    exporter = HTMLExporter()
-    items = []
+    install_mathjax(paths.report)
+    recs = {r["notebook"]: r for r in records(profile, folder, name)}
+    sections = []
     for stem in list_notebooks(folder):
         nb = paths.executed(stem)
         if not nb.is_file():
             continue
         out = paths.report / f"{stem}.html"
-        if not out.is_file() or out.stat().st_mtime < nb.stat().st_mtime:
-            body, _ = exporter.from_filename(str(nb))
-            files.write_text(out, body)
-        items.append(f'<li><a href="{out.name}">{html.escape(stem)}</a></li>')
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(c, k))}</td>" for k in LEDGER_COLUMNS) + "</tr>"
-        for c in ledger(records(profile, folder, name))
-    )
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Replication workbook: {profile}</title>
-<style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}</style></head><body>
-<h1>Replication workbook ({html.escape(profile)} profile)</h1>
-<h2>Executed notebooks</h2><ul>{''.join(items)}</ul>
-<h2>Claims ledger</h2><table><tr>{''.join(f"<th>{k}</th>" for k in LEDGER_COLUMNS)}</tr>
-{rows}</table></body></html>
+        if not out.is_file() or out.stat().st_mtime < nb.stat().st_mtime or MATHJAX_URL not in out.read_text():
+            files.write_text(out, notebook_html(nb))
+        rec = recs.get(stem, {})
+        took = f" ({rec['wall_time_s']:.0f} s)" if "wall_time_s" in rec else ""
+        sections.append(f'<h3 id="{stem}"><a href="{out.name}">{html.escape(stem)}</a>{took}</h3>{figures_html(rec, paths)}')
+    claims = ledger([recs[s] for s in list_notebooks(folder) if s in recs])
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Replication workbook: {html.escape(profile)}</title>
+<style>{STYLE}</style>{MATHJAX_FONTS}<script src="{MATHJAX_URL}"></script></head><body>
+<h1>Replication workbook ({html.escape(paths.name)})</h1>
+<p>Each notebook links to its executed HTML; click a figure for the full size. <a href="#ledger">Claims ledger</a>.</p>
+<h2>Notebooks and figures</h2>{''.join(sections) or '<p>(no executed notebooks yet)</p>'}
+<h2 id="ledger">Claims ledger</h2>{ledger_html(claims)}
+</body></html>
 """
     return files.write_text(paths.report / "index.html", page)
 
