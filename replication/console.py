@@ -34,7 +34,7 @@ def heading(cell) -> str:
 class Progress:
     """One bar for one notebook: cells done out of `total`, the current section (the last Markdown heading run) and
     the text of the notebook's own tqdm bar, read from its widget messages. On a terminal the bar is redrawn every
-    second, so the clock moves during a long cell."""
+    second, so the clock moves during a long cell; in a log (not a terminal) each new section gets a line."""
 
     def __init__(self, stem: str, total: int, file=None):
         self.file = file or sys.stderr
@@ -58,10 +58,13 @@ class Progress:
 
     def cell_start(self, cell, cell_index: int, **_) -> None:
         """nbclient's on_cell_start hook: the cells before this one are done; a Markdown heading opens a section."""
-        self.section = heading(cell) or self.section
+        title = heading(cell)
+        self.section = title or self.section
         self.inner = {}
         self.bar.n = min(cell_index, self.bar.total)
         self._show()
+        if title and not self.tty:
+            tqdm.write(str(self.bar), file=self.file)
 
     def widget_text(self, state: dict) -> None:
         """A text widget's new value: kept when it is one side of a tqdm bar."""

@@ -26,20 +26,24 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", "--remote-allow-origins=*"]
 # What a page shows once loaded and typeset: images that did not load, links, raw TeX and typeset equations.
-PAGE_STATE = """JSON.stringify({
+PAGE_STATE = """(() => {
+const found = id => { try { return document.getElementById(id) || document.getElementById(decodeURIComponent(id)); }
+                      catch (e) { return document.getElementById(id); } };  // a fragment matches raw or decoded
+return JSON.stringify({
   ready: document.readyState === "complete" && (typeof MathJax === "undefined" ||
          (MathJax.isReady === true && MathJax.Hub.queue.pending === 0 && MathJax.Hub.queue.running === 0)),
   images: document.images.length,
   broken: [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src.slice(0, 80)),
   links: [...document.querySelectorAll("a[href]")].map(a => a.href),
   anchors: [...document.querySelectorAll('a[href^="#"]')].map(a => a.getAttribute("href"))
-           .filter(h => h.length > 1 && !document.getElementById(decodeURIComponent(h.slice(1)))),
+           .filter(h => h.length > 1 && !found(h.slice(1))),
   raw_tex: document.body.innerText.includes("$$"),
   math: document.querySelectorAll(".MathJax_Display, .MathJax").length,
   math_errors: document.querySelectorAll(".MathJax_Error").length,
-  text: document.body.innerText})"""
+  text: document.body.innerText});
+})()"""
 
-MARKDOWN = r"""# A tiny notebook
+MARKDOWN = r"""# 01 · A tiny notebook
 
 The group advantage is $$A_i = \frac{r_i - \mathrm{mean}(r)}{\mathrm{std}(r) + 10^{-4}},$$ with inline $\beta = 0$.
 

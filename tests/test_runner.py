@@ -319,6 +319,9 @@ def test_progress_bar_shows_cells_section_and_the_notebooks_own_bar():
     assert str(bar.bar).endswith("Part 2: GRPO on the real model")
     bar.close(done=True)
     assert str(bar.bar).startswith("[02_x] 10/10 cells")
+    log = bar.file.getvalue().splitlines()  # not a terminal: a line for each section, and the last state
+    assert log[-2].startswith("[02_x] 3/10 cells") and log[-2].endswith("Part 2: GRPO on the real model")
+    assert log[-1].startswith("[02_x] 10/10 cells")
 
 
 def test_console_is_quiet_and_forwards_the_notebooks_tqdm_bar(tmp_path, runs, capfd, monkeypatch):
