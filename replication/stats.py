@@ -14,7 +14,8 @@ def proportion_ci(k, n, alpha: float = 0.05, method: str = "wilson"):
     if n <= 0:
         raise ValueError(f"n={n} is not allowed; a proportion needs n >= 1")
     lo, hi = proportion_confint(k, n, alpha=alpha, method=method)
-    return k / n, float(lo), float(hi)
+    p = k / n  # at k = 0 or n the interval's end can miss p by a rounding error (1e-16): clamp it
+    return p, min(float(lo), p), max(float(hi), p)
 
 
 def accuracy_table(df: pd.DataFrame, by, column: str = "correct", alpha: float = 0.05) -> pd.DataFrame:

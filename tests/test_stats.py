@@ -169,3 +169,11 @@ def test_verdict_from_parts():
 def test_exactly_one_basis(kw):
     with pytest.raises(ValueError, match="exactly one basis"):
         verdicts.verdict(**kw)
+
+
+def test_proportion_ci_holds_its_estimate():
+    """At k = 0 or k = n statsmodels' Wilson bounds can miss p by 1e-16 (n = 7): the interval must still hold it."""
+    for n in (7, 9, 12, 31):
+        for k in (0, n):
+            p, lo, hi = stats.proportion_ci(k, n)
+            assert lo <= p <= hi
