@@ -7,23 +7,28 @@ left out of a question's mean difficulty; mae_scores names the sources). Propose
 + format) / 3, the difficulty term dropped below the quality threshold; solver 0.5 judge + 0.5 format; judge
 format only. Advantages are whitened within each role's batch, then one update is taken over the three batches
 together. Adaptations for a 135M model: the proposer's reply starts with an opened `<question>` tag (format =
-the model closes it); unless `strict_tags`, an unclosed proposal whose first sentence ends in "?" is still judged
+the model closes it), and the judge's with an opened `<score>` tag (its reply is read, and its format reward given,
+on the prefill plus what it wrote, so format = a number then the closing tag); unless `strict_tags`, an unclosed proposal whose first sentence ends in "?" is still judged
 (format 0), otherwise it gets reward 0 as in the paper; the solver is asked to end with "The answer is N." and its
-format is that phrase or an `<answer>` tag (`tasks.has_format`), since the model never writes the tag.
+format is that phrase or an `<answer>` tag (`tasks.has_format`), since the model never writes the tag; the solver's
+prompt may lead with worked examples (`shots`, as the RLVR yardstick's). `judge="verifier"` is the control arm: answers
+to questions with a known answer are judged by the exact verifier (1 or 0), answers to proposed questions (answer
+unknown) get no score (the authors' neutral 0.5), and questions are still rated by the model's judge.
 """
 import random
 import re
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
-import pandas as pd
 import torch
 
-from . import config, grpo, loop, mae_scores, models, paper, stats, tasks, training
+from . import config, grpo, loop, mae_scores, models, tasks, training
 
 QUALITY_THRESHOLD = 0.7
 AGREEMENT_CUT = 1 / 3  # normalised score of a raw 4 of 10: the rubric's line between a wrong and a correct answer
 QUESTION_PREFILL = "<question>"
+SCORE_PREFILL = "<score>"  # the judge's turn starts with the opened score tag, so its next tokens are the score
+JUDGES = ("self", "verifier")
 EXAMPLE = "Tom has 5 pencils. Tom gets 2 more pencils. How many pencils does Tom have now?"
 PROPOSE_SCRATCH = ("You write math word problems. Write one new problem with a single number as its answer, inside "
                    f"question tags.\nExample of the format:\n<question>{EXAMPLE}</question>\n\n"
@@ -34,12 +39,12 @@ PROPOSE_REFERENCE = ("You write math word problems. Here is a reference problem:
 SOLVE = "{question}\n" + tasks.INSTRUCTION
 JUDGE_ANSWER = ("Grade this answer to a math problem.\nProblem: {question}\nAnswer: {answer}\n"
                 "Scoring rules: an answer with any factual, logical or arithmetic error gets 1-3; a correct answer "
-                "with minor flaws gets 4-7; a fully correct, clear answer gets 8-10.\nExplain in one sentence, then "
-                "give the score inside score tags.\nExample of the format: The sum is right. <score>9</score>")
+                "with minor flaws gets 4-7; a fully correct, clear answer gets 8-10.\nGive the score inside score tags, "
+                "then explain in one sentence.\nExample of the format: <score>9</score> The sum is right.")
 JUDGE_QUESTION = ("Rate this math problem.\nProblem: {question}\nScoring rules: an unsolvable or self-contradictory "
                   "problem gets 1-3; an ambiguous but mostly reasonable problem gets 4-7; a clear, well-posed, solvable "
-                  "problem gets 8-10.\nExplain in one sentence, then give the score inside score tags.\n"
-                  "Example of the format: The problem is clear. <score>9</score>")
+                  "problem gets 8-10.\nGive the score inside score tags, then explain in one sentence.\n"
+                  "Example of the format: <score>9</score> The problem is clear.")
 
 def has_tag(text: str, tag: str) -> bool:
     """True when the text holds a non-empty <tag>...</tag>."""
@@ -115,11 +120,15 @@ class MAEConfig:
     lr: float = 2e-5
     lora_r: int = 8
     max_grad_norm: float = 1.0
+    micro_batch: int = 8        # rows per forward/backward pass of the update (memory, not the result)
     reference_ratio: float = 0.5  # 0 = zero reference, 0.5 = half reference
     quality_threshold: float = QUALITY_THRESHOLD
     use_filter: bool = True
     strict_tags: bool = False
     score_rule: str = "self_judge"  # how judge replies are read (mae_scores.SCORE_RULES)
+    judge: str = "self"         # who judges answers: the model ("self") or the exact verifier ("verifier")
+    seed_level: str = "1d-1step-add"  # the level of the solver's worked examples
+    shots: int = 0              # worked examples before each solver question (chat turns)
     seed: int = 0
 
     @classmethod
@@ -130,9 +139,12 @@ class MAEConfig:
 
     def validate(self) -> "MAEConfig":
         for name in ("iterations", "proposals", "n_solve", "pool_solve", "question_tokens", "answer_tokens",
-                     "judge_tokens", "lora_r"):
+                     "judge_tokens", "lora_r", "micro_batch"):
             config.check_int(name, getattr(self, name))
         config.check_int("seed", self.seed, minimum=0)
+        config.check_int("shots", self.shots, minimum=0)
+        config.check_choice("judge", self.judge, JUDGES)
+        config.check_choice("seed_level", self.seed_level, tuple(tasks.LEVELS))
         config.check_choice("score_rule", self.score_rule, mae_scores.SCORE_RULES)
         for name, low, high in (("reference_ratio", 0.0, 1.0), ("quality_threshold", 0.0, 1.0),
                                 ("temperature", 1e-6, 10.0), ("lr", 0.0, 1.0)):
@@ -170,12 +182,32 @@ def new_adapter(model, name: str, cfg: MAEConfig):
     return model
 
 
-def _generate(model, tok, prompts, max_new_tokens, temperature, prefill=""):
-    """One sampled completion per prompt: the id tensors and the decoded texts."""
+def _generate(model, tok, prompts, max_new_tokens, temperature, prefill="", repeats=1):
+    """`repeats` sampled completions per prompt (prompt-major, one shared prefill), each turn opened with `prefill`:
+    the id tensors (the prefill is part of the prompt ids) and the decoded texts (without the prefill)."""
     texts = [t + prefill for t in models.chat_prompts(tok, prompts)]
-    p_ids, p_mask, c_ids, c_mask = models.sample(model, tok, texts, max_new_tokens, temperature)
+    p_ids, p_mask, c_ids, c_mask = models.sample(model, tok, texts, max_new_tokens, temperature, repeats=repeats)
     decoded = [tok.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(c_ids, c_mask)]
-    return {"ids": (p_ids, p_mask, c_ids, c_mask), "texts": decoded}
+    return {"ids": (p_ids, p_mask, c_ids, c_mask), "texts": decoded, "group": repeats}
+
+
+def judge_replies(model, tok, prompts, cfg: "MAEConfig"):
+    """The model's judgments: sampled with the turn opened by `<score>`; "texts" hold the prefill and what followed
+    (what mae_scores reads and the format reward checks)."""
+    gen = _generate(model, tok, prompts, cfg.judge_tokens, cfg.temperature, SCORE_PREFILL)
+    return {**gen, "texts": [SCORE_PREFILL + t for t in gen["texts"]]}
+
+
+def solve_prompt(question: str, shots=()):
+    """The solver's prompt: the question and the answer instruction, after the worked examples as chat turns."""
+    turns = [t for s in shots for t in ({"role": "user", "content": s.prompt()}, {"role": "assistant", "content": s.solution})]
+    return turns + [{"role": "user", "content": SOLVE.format(question=question)}] if shots else SOLVE.format(question=question)
+
+
+def verifier_scores(replies, answers) -> list:
+    """The verifier judge: 1.0 when a reply's answer is right (tasks.verify), 0.0 when wrong, None (no score) when
+    the question's answer is unknown (a proposed question)."""
+    return [None if a is None else float(tasks.verify(t, a)) for t, a in zip(replies, answers)]
 
 
 def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int, timer=None) -> dict:
@@ -183,6 +215,7 @@ def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int
     torch.manual_seed(config.derive_seed(cfg.seed, "mae-step", it))
     rng = random.Random(config.derive_seed(cfg.seed, "mae-pool", it))
     timer = timer or training.Timer()
+    shots = tasks.worked_examples(cfg.seed_level, cfg.shots, cfg.seed)
     model.eval()
     with timer("generation"):
         refs = [pool.sample(rng, 1)[0]["question"] if rng.random() < cfg.reference_ratio and len(pool) else None
@@ -191,33 +224,36 @@ def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int
         prop = _generate(model, tok, prompts, cfg.question_tokens, cfg.temperature, QUESTION_PREFILL)
         parsed = [extract_question(t, cfg.strict_tags) for t in prop["texts"]]
         valid = [i for i, (q, _) in enumerate(parsed) if q]
-        qjudge = _generate(model, tok, [JUDGE_QUESTION.format(question=parsed[i][0]) for i in valid],
-                           cfg.judge_tokens, cfg.temperature) if valid else None
+        qjudge = judge_replies(model, tok, [JUDGE_QUESTION.format(question=parsed[i][0]) for i in valid], cfg) if valid else None
         quality = {i: mae_scores.parse_score(t, cfg.score_rule) for i, t in zip(valid, qjudge["texts"] if valid else [])}
         accepted = [i for i in valid if passes_filter(quality[i], cfg.quality_threshold) or not cfg.use_filter]
         for i in accepted:
             pool.add(parsed[i][0], quality[i], it)
         picked = pool.sample(rng, cfg.pool_solve)
-        to_solve = [(parsed[i][0], None, i) for i in valid] + [(p["question"], p["answer"], None) for p in picked]
-        to_solve = [x for x in to_solve for _ in range(cfg.n_solve)]
-        sol = _generate(model, tok, [SOLVE.format(question=q) for q, _, _ in to_solve], cfg.answer_tokens, cfg.temperature)
-        ajudge = _generate(model, tok, [JUDGE_ANSWER.format(question=q, answer=a) for (q, _, _), a in
-                                        zip(to_solve, sol["texts"])], cfg.judge_tokens, cfg.temperature)
-    a_judged = [mae_scores.score(t, cfg.score_rule) for t in ajudge["texts"]]  # None: the judgment gave no score
+        distinct = [(parsed[i][0], None, i) for i in valid] + [(p["question"], p["answer"], None) for p in picked]
+        to_solve = [x for x in distinct for _ in range(cfg.n_solve)]  # prompt-major, as sampled
+        sol = _generate(model, tok, [solve_prompt(q, shots) for q, _, _ in distinct], cfg.answer_tokens, cfg.temperature,
+                        repeats=cfg.n_solve)
+        if cfg.judge == "verifier":
+            ajudge, a_judged = None, verifier_scores(sol["texts"], [a for _, a, _ in to_solve])
+        else:
+            ajudge = judge_replies(model, tok, [JUDGE_ANSWER.format(question=q, answer=a) for (q, _, _), a in
+                                                zip(to_solve, sol["texts"])], cfg)
+            a_judged = [mae_scores.score(t, cfg.score_rule) for t in ajudge["texts"]]  # None: the judgment gave no score
     a_scores = [mae_scores.mean_score([s]) for s in a_judged]
     s_format = [tasks.has_format(t) for t in sol["texts"]]
     diff = {i: difficulty([s for (_, _, j), s in zip(to_solve, a_judged) if j == i]) for i in valid}
     p_rewards = [proposer_reward(quality.get(i, 0.0), diff.get(i, 0.0), parsed[i][1], i in quality, cfg.quality_threshold)
                  for i in range(cfg.proposals)]
     s_rewards = [solver_reward(s, f) for s, f in zip(a_scores, s_format)]
-    judged = (qjudge["texts"] if valid else []) + ajudge["texts"]
-    chunks = [("proposer", prop, p_rewards), ("solver", sol, s_rewards), ("judge", ajudge, [judge_reward(t) for t in ajudge["texts"]])]
-    if valid:
-        chunks.append(("judge", qjudge, [judge_reward(t) for t in qjudge["texts"]]))
+    judge_gens = [g for g in (ajudge, qjudge) if g is not None]
+    judged = [t for g in judge_gens for t in g["texts"]]
+    chunks = [("proposer", prop, p_rewards), ("solver", sol, s_rewards)] + [("judge", g, [judge_reward(t) for t in g["texts"]])
+                                                                           for g in judge_gens]
     with timer("backward"):
         update = joint_update(model, optimizer, chunks, cfg)
-    verified = [{"iteration": it, "score": s, "correct": tasks.verify(t, ans)}
-                for (_, ans, _), t, s in zip(to_solve, sol["texts"], a_scores) if ans is not None]
+    verified = [{"iteration": it, "score": s, "judged": j is not None, "correct": tasks.verify(t, ans)}
+                for (_, ans, _), t, s, j in zip(to_solve, sol["texts"], a_scores, a_judged) if ans is not None]
     sources = [mae_scores.read_score(t, cfg.score_rule)[1] for t in judged]
     proposals = [{"iteration": it, "mode": "reference" if refs[i] else "scratch", "reply": prop["texts"][i][:300],
                   "question": parsed[i][0], "closed_tag": parsed[i][1], "quality": quality.get(i),
@@ -227,30 +263,37 @@ def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int
            "no_question": cfg.proposals - len(valid), "proposer_reward": mean(p_rewards),
            "proposer_quality": mean(list(quality.values())), "proposer_difficulty": mean(list(diff.values())),
            "proposer_format": mean([q[1] for q in parsed]), "solver_reward": mean(s_rewards),
-           "solver_judge": mean(a_scores), "solver_format": mean(s_format), "judgments": len(judged),
-           "judge_format": mean([judge_reward(t) for t in judged]), "judge_fallback": mean([s == "fallback" for s in sources]), "judge_unparsed": mean([s == "none" for s in sources]),
-           "seed_accuracy": mean([v["correct"] for v in verified]), **update,
+           "solver_judge": mean(a_scores), "solver_format": mean(s_format),
+           "solver_tokens": float(sol["ids"][3].sum()) / len(to_solve), "judgments": len(judged),
+           "judge_format": mean([judge_reward(t) for t in judged]), "judge_fallback": mean([s == "fallback" for s in sources]),
+           "judge_unparsed": mean([s == "none" for s in sources]), "seed_answers": len(verified),
+           "seed_accuracy": mean([v["correct"] for v in verified]),
+           "samples": sum(len(c[2]) for c in chunks), "solver_samples": len(to_solve), **update,
            **{f"{k}_s": v for k, v in timer.seconds.items()}}
     return {"row": row, "proposals": proposals, "verified": verified}
 
 
 def joint_update(model, optimizer, chunks, cfg: MAEConfig) -> dict:
-    """Whiten per role, then one optimizer step on the token-mean loss over all roles' sequences together."""
+    """Whiten per role, then one optimizer step on the token-mean loss over all roles' sequences together, taken in
+    micro-batches of about cfg.micro_batch rows (whole groups of a shared prompt, encoded once)."""
     masks = [c[1]["ids"][3] for c in chunks]
     advs = role_advantages([c[2] for c in chunks], masks, [c[0] for c in chunks])
     total = float(sum(m.sum() for m in masks))
     model.train()
     loss_sum = 0.0
     for (_, gen, _), adv, mask in zip(chunks, advs, masks):
-        rows = adv.abs().sum(1) > 0  # rows with zero advantage add nothing to the gradient: skip their pass
-        if not rows.any():
-            continue
-        p_ids, p_mask, c_ids, c_mask, adv = (x[rows] for x in (*gen["ids"], adv))
-        logps = training.completion_logps(model, p_ids, p_mask, c_ids, c_mask, cfg.temperature)
-        loss, _ = grpo.grpo_loss(logps, logps.detach(), None, adv, c_mask, beta=0.0, loss_type="bnpo")
-        loss = loss * float(c_mask.sum()) / total  # token mean over every role's tokens
-        loss.backward()
-        loss_sum += float(loss.detach())
+        g = gen.get("group", 1)
+        per = max(1, cfg.micro_batch // g) * g
+        for start in range(0, len(mask), per):
+            rows = slice(start, start + per)
+            if not adv[rows].abs().sum() > 0:  # zero advantage adds nothing to the gradient: skip the pass
+                continue
+            p_ids, p_mask, c_ids, c_mask = (x[rows] for x in gen["ids"])
+            logps = training.grouped_logps(model, p_ids, p_mask, c_ids, c_mask, g, cfg.temperature)
+            loss, _ = grpo.grpo_loss(logps, logps.detach(), None, adv[rows], c_mask, beta=0.0, loss_type="bnpo")
+            loss = loss * float(c_mask.sum()) / total  # token mean over every role's tokens
+            loss.backward()
+            loss_sum += float(loss.detach())
     norm = training.optimizer_step(model, optimizer, cfg.max_grad_norm)
     model.eval()
     return {"loss": loss_sum, "grad_norm": norm, "tokens": int(total)}
@@ -290,76 +333,3 @@ def run_arm(model, tok, name: str, seeds, cfg: MAEConfig, folder: "loop.RunFolde
     """Train a fresh adapter `name` with the loop in `folder` (e.g. run.run_folder(name, run_key(...))): (model, result)."""
     model = new_adapter(model, name, cfg)
     return model, run_loop(model, tok, seeds, cfg, folder, progress)
-
-
-def solve_prompts(problems) -> list:
-    """The loop's solver prompt for each problem (for tasks.evaluate(..., prompts=...))."""
-    return [SOLVE.format(question=p.question) for p in problems]
-
-
-def heldout_after(model, tok, adapter: str, problems, cache, key, max_new_tokens: int, batch_size: int, seed: int = 0):
-    """The trained solver `adapter` on held-out problems (greedy, solver prompt, exact verifier), made once per
-    key by cache(name, key, make) (e.g. run.cached). Leaves `adapter` active."""
-    model.set_adapter(adapter)
-    return cache(f"heldout-{adapter}", key, lambda: tasks.evaluate(
-        model, tok, problems, max_new_tokens, batch_size, seed, prompts=solve_prompts(problems), progress=False))
-
-
-def judge_eval(model, tok, frame: pd.DataFrame, max_new_tokens: int = 40, batch_size: int = 16, seed: int = 0,
-               rule: str = "self_judge") -> pd.DataFrame:
-    """The judge (sampled as in training) scores each (question, reply) of a held-out answer frame, read by `rule`."""
-    prompts = [JUDGE_ANSWER.format(question=q, answer=a) for q, a in zip(frame["question"], frame["reply"])]
-    gen = models.generate(model, tok, prompts, max_new_tokens=max_new_tokens, temperature=1.0, seed=seed, batch_size=batch_size)
-    raw = [mae_scores.read_score(t, rule) for t in gen.texts]
-    return frame.assign(judgment=gen.texts, raw_score=[r[0] for r in raw], parse=[r[1] for r in raw],
-                        score=[mae_scores.parse_score(t, rule) for t in gen.texts])
-
-
-# ---- summaries for the notebook ------------------------------------------------------------------------
-
-def accuracy(frame: pd.DataFrame) -> dict:
-    """Held-out accuracy of a frame of verified replies: accuracy with its Wilson 95% interval, n, format rate."""
-    p, lo, hi = stats.proportion_ci(int(frame["correct"].sum()), len(frame))
-    return {"accuracy": p, "ci95": [lo, hi], "n": len(frame), "format": float(frame["format"].mean())}
-
-
-def fmt_accuracy(v: dict) -> str:
-    """'62.5% [30.6, 86.3]' from an accuracy() dict."""
-    return f"{100 * v['accuracy']:.1f}% [{100 * v['ci95'][0]:.1f}, {100 * v['ci95'][1]:.1f}]"
-
-
-def pool_summary(rows: pd.DataFrame, n_seeds: int) -> dict:
-    """Pool size at the start and end of a run and what happened to its proposals."""
-    return {"initial": n_seeds, "final": int(rows["pool_size"].iloc[-1]), "accepted": int(rows["accepted"].sum()),
-            "filtered": int(rows["filtered"].sum()), "no_question": int(rows["no_question"].sum())}
-
-
-def arm_summary(result: dict, frame, before: pd.DataFrame, iterations: int) -> dict:
-    """One arm over its first `iterations` iterations: pool, accepted quality, mean rewards, and (if held-out
-    answers `frame` exist) its accuracy and the exact McNemar test against the base solver `before`."""
-    r = pd.DataFrame(result["rows"]).iloc[:iterations]
-    props = pd.DataFrame(result["proposals"])
-    quality = props[(props["iteration"] < iterations) & props["accepted"].astype(bool)]["quality"]
-    out = {"iterations": len(r), "pool_final": int(r["pool_size"].iloc[-1]), "accepted": int(r["accepted"].sum()),
-           "filtered": int(r["filtered"].sum()), "mean_quality_accepted": float(quality.mean()) if len(quality) else None,
-           **{k: float(r[k].mean()) for k in ("proposer_reward", "proposer_difficulty", "solver_reward", "judge_format")},
-           "solver_accuracy_after": accuracy(frame) if frame is not None else None}
-    if frame is not None:
-        out["paired_change_vs_before"] = stats.mcnemar(before["correct"], frame["correct"])
-    return out
-
-
-def settings_table(cfg: MAEConfig) -> pd.DataFrame:
-    """The authors' settings (data/paper/mae_settings.csv) beside this run's."""
-    ours = {"quality_threshold": cfg.quality_threshold, "n_solve": cfg.n_solve, "reference_ratio": cfg.reference_ratio,
-            "batch_per_role": f"{cfg.proposals} proposals, <= {(cfg.proposals + cfg.pool_solve) * cfg.n_solve} answers",
-            "lr": f"{cfg.lr} (LoRA r={cfg.lora_r})", "kl_coef": 0.0, "temperature": cfg.temperature, "steps": cfg.iterations}
-    table = paper.table("mae_settings").set_index("quantity")
-    return table.assign(ours=pd.Series(ours)).loc[list(ours), ["value", "ours", "meaning", "source"]]
-
-
-def paper_table() -> pd.DataFrame:
-    """The paper's Table 1 (data/paper/mae_results.csv) as setting x model by benchmark."""
-    results = paper.table("mae_results")
-    return results.pivot_table(index=["setting", "model"], columns="benchmark", values="value", sort=False)[
-        list(dict.fromkeys(results["benchmark"]))]

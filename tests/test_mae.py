@@ -1,5 +1,6 @@
-"""Multi-Agent Evolve: the reward formulas, the filter, per-role whitening, the loop, and the statistics the
-notebook takes from replication.stats (agreement at MAE's cut, McNemar). The score rules: test_mae_scores.py."""
+"""Multi-Agent Evolve: the reward formulas, the filter, per-role whitening, the judge's `<score>` prefill, the
+verifier-judge arm, the loop, and the statistics the notebook takes from replication.stats (agreement at MAE's cut,
+McNemar). The score rules: test_mae_scores.py; the held-out records and health: test_mae_eval.py."""
 import json
 import random
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from scipy.stats import mannwhitneyu
 
-from replication import loop, mae, mae_scores, models, stats, tasks
+from replication import loop, mae, mae_eval, mae_scores, models, stats, tasks
 
 
 def test_tags_and_question_extraction():
@@ -163,23 +164,25 @@ def test_mcnemar_on_paired_outcomes_is_exact():
 def test_summaries_and_keys():
     import pandas as pd
 
-    before = pd.DataFrame({"correct": [True, False, False, False], "format": [True, True, False, True]})
     after = pd.DataFrame({"correct": [True, True, True, False], "format": [True] * 4})
-    acc = mae.accuracy(after)
+    acc = mae_eval.accuracy(after)
     assert acc["accuracy"] == 0.75 and acc["n"] == 4 and acc["format"] == 1.0 and acc["ci95"][0] < 0.75 < acc["ci95"][1]
-    assert mae.fmt_accuracy(acc).startswith("75.0% [")
+    assert mae_eval.fmt_accuracy(acc).startswith("75.0% [")
     rows = [{"iteration": i, "pool_size": 4 + i, "accepted": 1, "filtered": 1, "no_question": 0, "proposer_reward": 0.5,
              "proposer_difficulty": 0.2, "solver_reward": 0.4, "judge_format": 0.0} for i in range(3)]
     props = [{"iteration": i, "accepted": a, "quality": q} for i in range(3) for a, q in ((True, 0.8), (False, 0.1))]
-    assert mae.pool_summary(pd.DataFrame(rows), 4) == {"initial": 4, "final": 6, "accepted": 3, "filtered": 3, "no_question": 0}
-    arm = mae.arm_summary({"rows": rows, "proposals": props}, after, before, iterations=2)
+    assert mae_eval.pool_summary(pd.DataFrame(rows), 4) == {"initial": 4, "final": 6, "accepted": 3, "filtered": 3, "no_question": 0}
+    arm = mae_eval.arm_summary({"rows": rows, "proposals": props}, iterations=2)
     assert arm["iterations"] == 2 and arm["pool_final"] == 5 and arm["mean_quality_accepted"] == pytest.approx(0.8)
-    assert arm["paired_change_vs_before"]["gained"] == 2 and arm["solver_accuracy_after"]["accuracy"] == 0.75
-    assert mae.arm_summary({"rows": rows, "proposals": props}, None, before, 3)["solver_accuracy_after"] is None
+    assert arm["filtered"] == 2 and arm["solver_reward"] == pytest.approx(0.4)
     seeds = tasks.make_level("1d-1step-add", 2)
     cfg = mae.MAEConfig(iterations=2)
     assert mae.run_key("m", seeds, cfg) != mae.run_key("m", seeds, mae.MAEConfig(iterations=3))
-    assert mae.solve_prompts(seeds)[0].startswith(seeds[0].question) and tasks.INSTRUCTION in mae.solve_prompts(seeds)[0]
+    assert mae.run_key("m", seeds, cfg) != mae.run_key("m", seeds, mae.MAEConfig(iterations=2, judge="verifier"))
+    assert mae.solve_prompt(seeds[0].question) == seeds[0].prompt()  # the loop's solver prompt is the task's prompt
+    shots = tasks.worked_examples("1d-1step-add", 2)
+    turns = mae.solve_prompt(seeds[0].question, shots)
+    assert turns == seeds[0].chat(shots) and len(turns) == 5  # the worked examples lead, as in the yardstick
 
 
 def test_loop_config_from_notebook_parameters():
@@ -193,7 +196,99 @@ def test_loop_config_from_notebook_parameters():
 
 
 def test_paper_tables():
-    table = mae.paper_table()
+    table = mae_eval.paper_table()
     assert "Overall" in table.columns and ("with reference", "MAE (half reference)") in table.index
-    settings = mae.settings_table(mae.MAEConfig())
+    settings = mae_eval.settings_table(mae.MAEConfig())
     assert list(settings.columns) == ["value", "ours", "meaning", "source"] and settings.loc["n_solve", "ours"] == 2
+
+
+def _recording_sample(monkeypatch):
+    """Record every templated text the loop samples from (models.sample), calling the real sampler."""
+    seen, real = [], models.sample
+
+    def sample(model, tok, texts, *args, **kw):
+        seen.extend(texts)
+        return real(model, tok, texts, *args, **kw)
+
+    monkeypatch.setattr(models, "sample", sample)
+    return seen
+
+
+def test_judge_turns_open_with_the_score_tag(monkeypatch):
+    seen = _recording_sample(monkeypatch)
+    _, out = _loop(None, "p", 1, score_rule="self_judge")
+    tok = models.tiny_tokenizer()
+    turn = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True)
+    opening = turn[turn.rindex("<|im_start|>"):]  # the assistant turn's header
+    judges = [t for t in seen if "Grade this answer" in t or "Rate this math problem" in t]
+    proposers = [t for t in seen if "You write math word problems" in t]
+    solvers = [t for t in seen if tasks.INSTRUCTION in t and t not in judges]
+    assert judges and proposers and solvers
+    assert all(t.endswith(opening + mae.SCORE_PREFILL) for t in judges)       # the judge's next tokens are the score
+    assert all(t.endswith(opening + mae.QUESTION_PREFILL) for t in proposers)
+    assert not any(t.endswith(mae.SCORE_PREFILL) or t.endswith(mae.QUESTION_PREFILL) for t in solvers)
+    # the judge's reply is read, and its format rewarded, on the prefill and what followed it
+    assert mae.judge_reward(mae.SCORE_PREFILL + "7</score> clear") == 1.0 and mae.judge_reward("7</score>") == 0.0
+    assert mae_scores.parse_score(mae.SCORE_PREFILL + "7</score>") == pytest.approx(6 / 9)
+
+
+def test_judge_replies_hold_the_prefill_and_its_ids_are_in_the_prompt():
+    model, tok = models.tiny_model(seed=0)
+    cfg = mae.MAEConfig(judge_tokens=6)
+    torch.manual_seed(0)
+    out = mae.judge_replies(model, tok, ["Grade this.", "Rate this."], cfg)
+    assert all(t.startswith(mae.SCORE_PREFILL) for t in out["texts"])
+    p_ids, p_mask, c_ids, c_mask = out["ids"]
+    prompt_end = tok.decode(p_ids[0][p_mask[0].bool()][-len(tok(mae.SCORE_PREFILL)["input_ids"]):])
+    assert prompt_end == mae.SCORE_PREFILL  # trained on as the prompt, not as the judge's own tokens
+    assert out["texts"][0] == mae.SCORE_PREFILL + tok.decode(c_ids[0][c_mask[0].bool()], skip_special_tokens=True)
+
+
+def test_verifier_scores():
+    assert mae.verifier_scores(["so the answer is 5.", "The answer is 4.", "The answer is 5."], [5, 5, None]) == [1.0, 0.0, None]
+    with pytest.raises(ValueError, match="judge='oracle'"):
+        mae.MAEConfig(judge="oracle").validate()
+
+
+def test_verifier_judge_arm_rewards_the_solver_with_the_exact_verifier(monkeypatch):
+    """Answers to seed questions: alternately right and wrong (the rest of the loop as is). Under the verifier judge
+    each answer's judge score is tasks.verify of it, and the solver's reward 0.5 verify + 0.5 format; the model
+    writes no answer judgment."""
+    seeds = tasks.make_level("1d-1step-add", 4)
+    answer = {p.question: p.answer for p in seeds}
+    real = mae._generate
+
+    def generate(model, tok, prompts, *args, **kw):
+        gen = real(model, tok, prompts, *args, **kw)
+        users = [p if isinstance(p, str) else p[-1]["content"] for p in prompts]
+        if all(tasks.INSTRUCTION in u and "Grade this" not in u for u in users):  # the solver's turn
+            reps = kw.get("repeats", 1)
+            qs = [u.split("\n")[0] for u in users for _ in range(reps)]
+            gen["texts"] = [f"The answer is {answer[q] + k % 2}." if q in answer else "no idea" for k, q in enumerate(qs)]
+        return gen
+
+    monkeypatch.setattr(mae, "_generate", generate)
+    model, tok = models.tiny_model(seed=0)
+    for judge in ("verifier", "self"):
+        cfg = mae.MAEConfig(iterations=1, proposals=2, n_solve=2, pool_solve=3, question_tokens=6, answer_tokens=6,
+                            judge_tokens=6, judge=judge)
+        model = mae.new_adapter(model, judge, cfg)
+        out = mae.iteration(model, tok, torch.optim.SGD([torch.zeros(1)], lr=0.0),
+                            mae.QuestionPool.from_problems(seeds), cfg, 0)
+        v, row = out["verified"], out["row"]
+        assert len(v) == 6 and row["seed_accuracy"] == 0.5
+        if judge == "verifier":
+            assert [x["score"] for x in v] == [float(x["correct"]) for x in v] == [1.0, 0.0] * 3
+            assert row["solver_judge"] == pytest.approx(0.5) and row["solver_reward"] == pytest.approx(0.75)
+            assert row["judgments"] == cfg.proposals - row["no_question"]  # question ratings only
+        else:  # the tiny model never closes a score tag: every answer scores the neutral 0.5 whatever the verifier says
+            assert {x["score"] for x in v} == {0.5}
+
+
+def test_micro_batches_do_not_change_the_update():
+    weights = []
+    for micro in (1, 64):
+        model, out = _loop(None, f"m{micro}", 1, micro_batch=micro)
+        assert out["rows"][0]["grad_norm"] > 0
+        weights.append({k: w.detach().clone() for k, w in loop.trainable(model).items()})
+    assert all(torch.allclose(weights[0][k], weights[1][k], atol=1e-6) for k in weights[0])
