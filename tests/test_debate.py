@@ -95,7 +95,7 @@ def test_hits_and_question_scores():
 
 def _judgment(p):
     p = np.asarray(p, float)
-    return {"p_correct": p, "p_correct_first": p, "p_correct_second": p, "p_says_a": np.full(len(p), 0.5)}
+    return {"p_correct": p, "p_correct_first": p, "p_correct_second": p, "p_first": np.full(len(p), 0.5)}
 
 
 def test_protocol_differences_are_paired_bootstraps_on_questions():
@@ -110,7 +110,7 @@ def test_protocol_differences_are_paired_bootstraps_on_questions():
     assert all(lo <= est <= hi for est, lo, hi in d.values())
     assert debate.protocol_differences(j, seed=1) == d, "seeded"
     bias = debate.position_bias(j)
-    assert bias.loc["naive", "P(says A)"] == pytest.approx(0.5)
+    assert bias.loc["naive", "P(picks first)"] == pytest.approx(0.5)
 
 
 def test_cached_protocol_goes_through_the_cache(monkeypatch):
@@ -143,17 +143,25 @@ def test_generation_seeds_are_derived_and_fit_the_generator():
     assert seeds[0] == config.derive_seed(0, "debate-round", 1)
 
 
-def test_stories_are_reproducible_and_stored():
-    a = debate.make_stories(30, seed=3)
-    assert a == debate.make_stories(30, seed=3) and a != debate.make_stories(30, seed=4)
+def _bare(answer):
+    return answer.replace("in ", "", 1).replace(" days", "").replace("the ", "", 1)
+
+
+@pytest.mark.parametrize("level, words", [("absent", (35, 70)), ("present", (80, 150))])
+def test_stories_are_reproducible_and_stored(level, words):
+    a = debate.make_stories(40, seed=3, level=level)
+    assert a == debate.make_stories(40, seed=3, level=level) and a != debate.make_stories(40, seed=4, level=level)
     for s in a:
-        words = len(s["story"].split())
-        assert 80 <= words <= 150
-        assert s["correct"] != s["distractor"]
-        # both answers appear in the story, so only reading it tells them apart
-        for ans in (s["correct"], s["distractor"]):
-            assert ans.replace("in ", "", 1).replace(" days", "").replace("the ", "", 1) in s["story"]
-    assert debate.load_stories(10) == debate.make_stories(10, seed=0)
+        assert words[0] <= len(s["story"].split()) <= words[1] and s["correct"] != s["distractor"]
+        assert _bare(s["correct"]) in s["story"]
+        # "present": the distractor is in the story too (only reading it closely tells them apart);
+        # "absent": reading the story settles the question
+        assert (re.search(rf"\b{_bare(s['distractor'])}\b", s["story"]) is not None) == (level == "present")
+    assert len({s["question"].split()[0] for s in a}) >= 3, "several kinds of question"
+    stored = debate.files.read_json(debate.STORIES_FILE)
+    assert stored["level"] == "absent" and stored["n"] >= 300, "the notebook's default questions are stored"
+    assert debate.load_stories(10) == debate.make_stories(10, seed=0, level="absent")
+    assert debate.load_stories(10, level="present") == debate.make_stories(10, seed=0, level="present")
 
 
 def test_protocols_on_tiny_model(tiny):
@@ -171,7 +179,12 @@ def test_protocols_on_tiny_model(tiny):
     bon = debate.run_protocol(model, tok, items, "consultancy", rounds=2, word_limit=5, best_of=2, seed=0, batch_size=4)
     assert len(bon["arguments"]) == 8 and all(0 <= a["preference"] <= 1 for a in bon["arguments"])
     j = debate.judge(model, tok, out["items"], "debate", out["transcripts"], batch_size=4)
-    assert np.allclose(j["p_correct"], (j["p_correct_first"] + j["p_correct_second"]) / 2) and len(j["p_says_a"]) == 4
+    assert np.allclose(j["p_correct"], (j["p_correct_first"] + j["p_correct_second"]) / 2) and len(j["p_first"]) == 4
+    for reading in debate.READINGS:
+        e = debate.judge(model, tok, items, "expert", batch_size=4, reading=reading)
+        assert e["p_correct"].shape == (2,) and np.all((0 < e["p_correct"]) & (e["p_correct"] < 1))
+    lik = debate.judge(model, tok, items, "naive", batch_size=4)
+    assert np.allclose(lik["p_correct_first"], lik["p_correct_second"]), "no options listed: no order to swap"
     g = debate.generated_verdicts(model, tok, out["items"], out["transcripts"], j["p_correct_first"], seed=0, batch_size=4)
     assert g["n"] == 2 and 0 <= g["parse_rate"] <= 1 and len(g["examples"]) == 2
     assert (g["ci95"] is None) == (g["parse_rate"] == 0)
@@ -201,44 +214,95 @@ def _judge(model, tok, prompts, options, batch_size=16):
     return np.stack([p_a, 1 - p_a], 1)
 
 
-def _picks(monkeypatch, kind, candidates):
+def _loglik(model, tok, prompts, answers, batch_size=16):
+    """Stand-in for debate.answer_logprobs, reading only the current (last) round: "the answer is X" gives X a
+    log-prob of -1 and any other answer -2; "loud words" adds +2 to the answer whose speaker is listed first."""
+    out = []
+    for prompt, ans in zip(prompts, answers):
+        last = prompt.rsplit("Round ", 1)[1]
+        stance = re.search(r"the answer is (alpha|beta)", last)
+        named_first = re.search(r'for "(\w+)": ', last).group(1)
+        out.append((-1.0 if stance and stance.group(1) == ans else -2.0) + (2.0 if "loud words" in last and named_first == ans else 0))
+    return np.array(out)
+
+
+def _picks(monkeypatch, kind, candidates, reading):
     monkeypatch.setattr(debate, "argue", _argue(candidates))
     monkeypatch.setattr(debate.judges, "answer_probs", _judge)
-    out = debate.run_protocol(None, None, ITEMS, kind, rounds=2, word_limit=10, best_of=2, open_quote=False)
+    monkeypatch.setattr(debate, "answer_logprobs", _loglik)
+    out = debate.run_protocol(None, None, ITEMS, kind, rounds=2, word_limit=10, best_of=2, open_quote=False,
+                              reading=reading)
     return [(a["round"], a["side"], a["argument"], a["preference"]) for a in out["arguments"]]
 
 
+SIGMOID_1 = 1 / (1 + np.exp(-1.0))
+
+
+@pytest.mark.parametrize("reading", debate.READINGS)
 @pytest.mark.parametrize("kind", ["consultancy", "debate"])
-def test_best_of_n_keeps_the_argument_for_its_own_answer(monkeypatch, kind):
+def test_best_of_n_keeps_the_argument_for_its_own_answer(monkeypatch, kind, reading):
     # both candidates of every turn: one for the other answer (listed first), one for its own answer; from round 2
     # on the transcript holds earlier rounds (consultancy used to raise ValueError there)
-    picks = _picks(monkeypatch, kind, lambda mine, theirs: [f"the answer is {theirs}", f"the answer is {mine}"])
+    picks = _picks(monkeypatch, kind, lambda mine, theirs: [f"the answer is {theirs}", f"the answer is {mine}"], reading)
     assert len(picks) == 2 * len(ITEMS) * 2 and {r for r, *_ in picks} == {1, 2}
+    want = 0.7 if reading == "letter" else SIGMOID_1
     for _, side, argument, preference in picks:
         own = "alpha" if side in (0, "correct") else "beta"  # the correct and the incorrect consultant (debater)
-        assert argument == f"the answer is {own}" and preference == pytest.approx(0.7)
+        assert argument == f"the answer is {own}" and preference == pytest.approx(want)
 
 
-@pytest.mark.parametrize("kind", ["consultancy", "debate"])
-def test_best_of_n_rates_both_orders(monkeypatch, kind):
-    # "loud words" wins whenever its side is shown as A and loses as B (P(own) 0.95 and 0.05: 0.5 averaged);
-    # the argument for its own answer convinces in both orders (0.7): one order alone would pick the loud one
-    picks = _picks(monkeypatch, kind, lambda mine, theirs: ["loud words", f"the answer is {mine}"])
-    assert all(argument.startswith("the answer is") and preference == pytest.approx(0.7)
+@pytest.mark.parametrize("kind, reading", [("consultancy", "letter"), ("debate", "letter"), ("debate", "likelihood")])
+def test_best_of_n_rates_both_orders(monkeypatch, kind, reading):
+    # "loud words" wins whenever its side is shown first and loses when second (0.5 averaged); the argument for
+    # its own answer convinces in both orders: one order alone would pick the loud one
+    picks = _picks(monkeypatch, kind, lambda mine, theirs: ["loud words", f"the answer is {mine}"], reading)
+    want = 0.7 if reading == "letter" else SIGMOID_1
+    assert all(argument.startswith("the answer is") and preference == pytest.approx(want)
                for _, _, argument, preference in picks)
 
 
-def test_preference_prompts_show_the_own_answer_as_a_then_b():
-    item = {**ITEM, "side": "distractor"}
-    cons = debate.preference_prompts(item, "consultancy", "distractor", [["earlier"]], ["x"])
-    assert len(cons) == 2 and "A: in the blue lantern" in cons[0] and "Consultant for A: x" in cons[0]
-    assert "A: in the old shuttle" in cons[1] and "Consultant for B: x" in cons[1] and "Round 2" in cons[1]
-    deb = debate.preference_prompts(ITEM, "debate", "correct", [["c1", "d1"]], ["x", "y"])
-    assert len(deb) == 4 and "Debater for A: x" in deb[0] and "Debater for B: x" in deb[1]
-    assert f"Debater for B: {debate.PLACEHOLDER}" in deb[0] and "Debater for A: y" in deb[2]
+def test_preference_transcripts_hold_the_candidate_beside_the_placeholder():
+    cons = debate.preference_transcripts("consultancy", "distractor", [["earlier"]], ["x", "y"])
+    assert cons == [[["earlier"], ["x"]], [["earlier"], ["y"]]]
+    deb = debate.preference_transcripts("debate", "distractor", [["c1", "d1"]], ["x"])
+    assert deb == [[["c1", "d1"], [debate.PLACEHOLDER, "x"]]]
+    assert debate.preference_transcripts("debate", "correct", [], ["x"]) == [[["x", debate.PLACEHOLDER]]]
     assert debate.PLACEHOLDER == "My answer is the best choice and my opponent is wrong."  # the authors' text
-    assert debate.preference_scores([0.9, 0.3, 0.6, 0.6]) == pytest.approx([0.8, 0.5])
+    assert debate.preference_scores([0.8, 0.8, 0.3], ["correct", "distractor", "distractor"]) == pytest.approx([0.8, 0.2, 0.7])
+    item = {**ITEM, "side": "distractor"}
     assert [debate.own_answer(item, "consultancy", 0), debate.own_answer(ITEM, "debate", 1)] == ["distractor"] * 2
+
+
+def test_answer_prompt_lists_no_options_and_swaps_debaters():
+    tr = [["for correct", "for distractor"]]
+    p1 = debate.answer_prompt(ITEM, "debate", tr, correct_first=True)
+    p2 = debate.answer_prompt(ITEM, "debate", tr, correct_first=False)
+    assert p1.index('Debater for "in the old shuttle": for correct') < p1.index('Debater for "in the blue lantern"')
+    assert p2.index('Debater for "in the blue lantern": for distractor') < p2.index('Debater for "in the old shuttle"')
+    assert p1.endswith("Question: Where?") and "A:" not in p1
+    assert "Story: s" in debate.answer_prompt(ITEM, "expert") and "Story" not in debate.answer_prompt(ITEM, "naive")
+    c = debate.answer_prompt({**ITEM, "side": "distractor"}, "consultancy", [["x"], ["y"]])
+    assert 'Consultant for "in the blue lantern": x' in c and "Round 2" in c
+
+
+def test_likelihood_judge_reads_the_log_prob_difference(monkeypatch):
+    seen = []
+
+    def fake(model, tok, prompts, answers, batch_size=16):
+        seen.append(len(prompts))
+        # the correct answer 1 nat more likely when its debater speaks first, 0.2 less likely when second
+        return np.array([(1.0 if prompts[i].index(f'"{ITEM["correct"]}"') < prompts[i].index(f'"{ITEM["distractor"]}"') else -0.2)
+                         * (1 if a == ITEM["correct"] else 0) if "Debater" in prompts[i] else (0.5 if a == ITEM["correct"] else 0)
+                         for i, a in enumerate(answers)])
+
+    monkeypatch.setattr(debate, "answer_logprobs", fake)
+    j = debate.judge(None, None, [ITEM], "debate", [[["c", "d"]]])
+    assert j["p_correct_first"] == pytest.approx([1 / (1 + np.exp(-1))]) and j["p_correct_second"] == pytest.approx([1 / (1 + np.exp(0.2))])
+    assert j["p_first"] == pytest.approx([1 / (1 + np.exp(-1)), 1 - 1 / (1 + np.exp(0.2))]) and seen == [4]
+    n = debate.judge(None, None, [ITEM, ITEM], "naive")
+    assert n["p_correct"] == pytest.approx([1 / (1 + np.exp(-0.5))] * 2) and seen[-1] == 4, "one order: 2 answers x 2 items"
+    with pytest.raises(ValueError, match="reading"):
+        debate.judge(None, None, [ITEM], "naive", reading="vibes")
 
 
 def _legal(pairs, bye, n):
