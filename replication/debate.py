@@ -1,8 +1,6 @@
-"""Debate, consultancy and judging with a real LM (Khan et al. 2024): short stories with two answers, the
-quote tool, word limits, debaters and consultants (best-of-N: the judge's P(own answer) picks the argument), a
-judge read from its probabilities for the two answers in both orders, and the per-question summaries the
-notebook compares (accuracy with Wilson intervals, paired differences through replication.stats). Tournaments
-and Elo live in debate_sim."""
+"""Debate, consultancy and judging with a real LM (Khan et al. 2024): stories, the quote tool, word limits,
+debaters and consultants (best-of-N: the judge's P(own answer) picks), and a judge read from letter probabilities
+or answer likelihoods in both orders. Accuracy lives in debate_eval, tournaments and Elo in debate_sim."""
 import hashlib
 import json
 import re
@@ -10,7 +8,6 @@ import string
 import time
 
 import numpy as np
-import pandas as pd
 
 from . import config, files, judges, models, stats
 
@@ -181,8 +178,7 @@ def judge_prompt(item: dict, kind: str, transcript=None, correct_first: bool = T
                                                                   transcript=text + "\n" if text else "")
 
 
-# The likelihood judge: no options listed (a listed pair of answers swamps the likelihoods, measured in 04); the
-# judge's reading of the context is the log-probability it gives each answer after LEAD (mean over its tokens).
+# The likelihood judge: no options listed (listed answers swamp the likelihoods); each answer scored after LEAD.
 LEAD = "The answer is "
 ANSWER_CONTEXT = {"naive": "Answer the question.\n\n",
                   "expert": "Read the story and answer the question.\n\nStory: {story}\n\n",
@@ -343,11 +339,24 @@ def run_protocol(model, tok, items, kind: str, rounds: int = 3, word_limit: int 
             new[k][s] = text
             log.append({"item": k, "id": items[k]["id"], "round": r, "side": s if kind == "debate" else items[k]["side"],
                         "raw": options[pick], "argument": text, "words": len(options[pick].split()),
-                        "quotes": nq, "verified": nv, "candidates": len(options),
+                        "quotes": nq, "verified": nv, "candidates": len(options), "options": [c[0] for c in ch],
                         "preference": float(row[pick]) if best_of > 1 else None})
         for k in range(len(items)):
             turns[k].append(new[k])
     return {"items": items, "transcripts": turns, "arguments": log, "tokens": tokens}
+
+
+def first_candidates(out: dict) -> list:
+    """The transcripts of a one-round best-of-N run_protocol output with every turn's first candidate kept: a
+    best-of-1 sample of the same turns (the candidates of a turn are independent draws), judged at no extra
+    generation. Later rounds would depend on the kept arguments, so only one round is allowed."""
+    rounds = {a["round"] for a in out["arguments"]}
+    if rounds != {1}:
+        raise ValueError(f"rounds={sorted(rounds)}: first_candidates needs a one-round run (later rounds see the kept arguments)")
+    turns = [[None] * len(t[0]) for t in out["transcripts"]]
+    for a in out["arguments"]:
+        turns[a["item"]][a["side"] if isinstance(a["side"], int) else 0] = a["options"][0]  # debate side; one consultant
+    return [[t] for t in turns]
 
 
 def cached_protocol(cache, model, tok, items, kind: str, *, model_name: str, rounds: int, word_limit: int,
@@ -373,94 +382,6 @@ def cached_protocol(cache, model, tok, items, kind: str, *, model_name: str, rou
     return cache(f"{kind}-bo{best_of}", key, make)
 
 
-# --- accuracy and comparisons -------------------------------------------------------------------------------
-def hits(p_correct) -> np.ndarray:
-    """Per judgment: 1 where the order-averaged P(correct) is above 0.5, 0 below, 0.5 at exactly 0.5."""
-    p = np.asarray(p_correct, float)
-    return (p > 0.5) + 0.5 * (p == 0.5)
-
-
-def question_scores(p_correct, per_question: int = 1) -> np.ndarray:
-    """Per question: the mean of hits over its `per_question` consecutive judgments (2 in consultancy: the
-    correct and the incorrect consultant), so protocols can be paired on the same questions."""
-    return hits(p_correct).reshape(-1, per_question).mean(1)
-
-
-def accuracy(p_correct) -> dict:
-    """Judge accuracy (the paper's definition): the share of judgments that are correct (hits), with n and a
-    95% Wilson interval (stats.proportion_ci), and the mean order-averaged P(correct)."""
-    h = hits(p_correct)
-    if len(h) == 0:
-        raise ValueError("p_correct is empty; accuracy needs at least one judgment")
-    p, lo, hi = stats.proportion_ci(float(h.sum()), len(h))
-    return {"accuracy": p, "ci95": [lo, hi], "n": len(h), "mean_p_correct": float(np.mean(p_correct))}
-
-
-def versus_chance(acc: dict) -> str:
-    """Where an accuracy's 95% interval lies relative to chance (0.5)."""
-    lo, hi = acc["ci95"]
-    return "above chance" if lo > 0.5 else "below chance" if hi < 0.5 else "consistent with chance"
-
-
-def fmt_accuracy(acc: dict) -> str:
-    """'55% [34%, 74%]' from an accuracy() record."""
-    return f"{acc['accuracy']:.0%} [{acc['ci95'][0]:.0%}, {acc['ci95'][1]:.0%}]"
-
-
-def accuracy_table(accs: dict) -> pd.DataFrame:
-    """One row per protocol: accuracy, its Wilson interval, n, mean P(correct) and where it lies against chance."""
-    return pd.DataFrame([{"protocol": k, "accuracy": a["accuracy"], "ci_low": a["ci95"][0], "ci_high": a["ci95"][1],
-                          "n": a["n"], "mean_p_correct": a["mean_p_correct"], "vs chance": versus_chance(a)}
-                         for k, a in accs.items()]).set_index("protocol")
-
-
-def protocol_differences(judgments: dict, seed: int, n_boot: int = 2000) -> dict:
-    """Paired accuracy differences on the same questions (stats.paired_bootstrap, 95% interval):
-    debate - naive, debate - consultancy (consultancy per question: mean of its two consultants) and
-    expert - debate. judgments: protocol -> judge() output. Returns name -> (difference, low, high)."""
-    q = {k: question_scores(v["p_correct"], 2 if k == "consultancy" else 1) for k, v in judgments.items()}
-    pairs = {"debate - naive": ("debate", "naive"), "debate - consultancy": ("debate", "consultancy"),
-             "expert - debate": ("expert", "debate")}
-    return {name: stats.paired_bootstrap(q[a], q[b], n_boot=n_boot, seed=config.derive_seed(seed, "bootstrap", name))
-            for name, (a, b) in pairs.items()}
-
-
-def position_bias(judgments: dict) -> pd.DataFrame:
-    """Per protocol: the judge's mean P(picks the answer in the first position) (the letter judge's P(A)), its
-    accuracy with the correct answer shown first and second (single-order verdicts), and the mean order-averaged
-    P(correct)."""
-    return pd.DataFrame({k: {"P(picks first)": float(v["p_first"].mean()),
-                             "acc, correct shown first": float(np.mean(v["p_correct_first"] > 0.5)),
-                             "acc, correct shown second": float(np.mean(v["p_correct_second"] > 0.5)),
-                             "mean P(correct), averaged orders": float(np.mean(v["p_correct"]))}
-                         for k, v in judgments.items()}).T
-
-
-def arguments_frame(**runs) -> pd.DataFrame:
-    """The arguments of several run_protocol outputs (protocol=output) in one frame, sides named."""
-    frames = [pd.DataFrame(out["arguments"]).assign(protocol=name) for name, out in runs.items()]
-    args = pd.concat(frames, ignore_index=True)
-    args["side"] = args["side"].replace({0: "correct", 1: "distractor"})
-    return args
-
-
-def verified_rate(args: pd.DataFrame):
-    """Verified quotes / quotes over all arguments; None when there are no quotes at all."""
-    total = int(args["quotes"].sum())
-    return float(args["verified"].sum() / total) if total else None
-
-
-def quote_table(args: pd.DataFrame) -> pd.DataFrame:
-    """Per protocol and side: arguments, mean and longest length in words, share with a quote, quotes and
-    the verified share."""
-    out = args.groupby(["protocol", "side"]).agg(arguments=("words", "size"), mean_words=("words", "mean"),
-                                                 max_words=("words", "max"),
-                                                 with_quote=("quotes", lambda q: float(np.mean(q > 0))),
-                                                 quotes=("quotes", "sum"), verified=("verified", "sum"))
-    out["verified_rate"] = out["verified"] / out["quotes"].where(out["quotes"] > 0)
-    return out
-
-
 def generated_verdicts(model, tok, items, transcripts, p_correct_first, seed: int, batch_size: int) -> dict:
     """Judge debates by a short greedy reply (correct answer shown first), parsed by parse_judgment: how often
     the reply is usable, and its agreement with the probability verdict in the same order
@@ -477,40 +398,3 @@ def generated_verdicts(model, tok, items, transcripts, p_correct_first, seed: in
         agree = stats.agreement(np.asarray(p_correct_first, float)[usable], says[usable])
         out.update(agreement_with_probabilities=agree["agreement"], ci95=agree["ci95"])
     return out
-
-
-# --- the precondition: does reading the story help this judge? -----------------------------------------------
-def expert_check(model, tok, stories: dict, readings=READINGS, seed: int = 0, batch_size: int = 16) -> tuple:
-    """Naive and expert judge on the same questions, for each story level (stories: level -> items) and each
-    reading: a table with both accuracies (95% Wilson intervals), the paired difference expert - naive
-    (stats.paired_bootstrap over questions), the judges' P(picks first) and CPU seconds per question; and the
-    judgments by (level, reading, kind)."""
-    rows, out = [], {}
-    for level, items in stories.items():
-        for reading in readings:
-            row = {"level": level, "reading": reading, "n": len(items)}
-            for kind in ("naive", "expert"):
-                t0 = time.process_time()
-                out[level, reading, kind] = j = judge(model, tok, items, kind, batch_size=batch_size, reading=reading)
-                a = accuracy(j["p_correct"])
-                row.update({kind: a["accuracy"], f"{kind}_ci": a["ci95"], f"{kind} P(picks first)": float(j["p_first"].mean()),
-                            f"{kind} cpu s/question": (time.process_time() - t0) / len(items)})
-            d = stats.paired_bootstrap(hits(out[level, reading, "expert"]["p_correct"]),
-                                       hits(out[level, reading, "naive"]["p_correct"]),
-                                       seed=config.derive_seed(seed, "bootstrap", f"expert-naive-{level}-{reading}"))
-            row.update({"expert - naive": d[0], "diff_ci": [d[1], d[2]]})
-            rows.append(row)
-    return pd.DataFrame(rows).set_index(["level", "reading"]), out
-
-
-def arm_record(arm: str, p_correct, per_question: int = 1, arguments=None) -> dict:
-    """One judged protocol as an arm of the metrics' "arms" list: no training (steps and samples 0), n_eval
-    questions, accuracy with its Wilson interval, and healthy = every judgment a probability in (0, 1) and, for
-    an argued protocol, every argument non-empty."""
-    p = np.asarray(p_correct, float)
-    acc = accuracy(p)
-    healthy = bool(np.all(np.isfinite(p)) and np.all((p > 0) & (p < 1)))
-    if arguments is not None:
-        healthy = healthy and all(a["words"] > 0 for a in arguments)
-    return {"arm": arm, "steps": 0, "samples": 0, "n_eval": len(p) // per_question, "accuracy": acc["accuracy"],
-            "interval": acc["ci95"], "healthy": healthy}

@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 from typing import Optional
 
-from . import mae_scores, tasks
+from . import debate, mae_scores, tasks
 from .params import Params, notebook, p
 
 MODEL = p()  # a model name known to replication.models or a local checkpoint folder
@@ -139,11 +139,15 @@ class RLPR(Params):
 @dataclass
 class Debate(Params):
     model: str = MODEL
+    level: str = p(choices=debate.LEVELS)
+    reading: str = p(choices=debate.READINGS)
+    check_questions: int = p()
+    check_levels: list = p(each={"choices": debate.LEVELS})
+    check_readings: list = p(each={"choices": debate.READINGS})
     n_questions: int = p()
     rounds: int = p()
     word_limit: int = p()
     best_of: int = p()
-    bon_questions: int = p()
     temperature: float = p(low=0.01, high=2.0)
     batch_size: int = p()
     verdict_checks: int = p()
@@ -158,7 +162,9 @@ class Debate(Params):
     judge_noises: list = p(each={"low": 0.0, "high": 10.0})
 
     def check(self):
-        self.at_most("bon_questions", self.n_questions, "n_questions")
+        if self.best_of > 1 and self.rounds != 1:
+            raise ValueError(f"rounds={self.rounds} is not allowed with best_of={self.best_of}: the best-of-1 arm is "
+                             "read from the first candidates of a one-round run (debate.first_candidates)")
 
 
 @notebook("05_malt_trajectory_trees")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from replication import config, debate, debate_sim as ds, elo, stats
+from replication import config, debate, debate_eval, debate_sim as ds, elo, stats
 
 STORY = "Before the storm, Ines hid the brass key in the \u201cblue lantern\u201d. Tomas searched the cargo-bay all night!"
 
@@ -74,22 +74,22 @@ def test_judge_prompt_swaps_answers_and_debaters():
 
 
 def test_accuracy_definition():
-    acc = debate.accuracy([0.9, 0.6, 0.5, 0.2])
+    acc = debate_eval.accuracy([0.9, 0.6, 0.5, 0.2])
     assert acc["accuracy"] == pytest.approx(2.5 / 4) and acc["n"] == 4
     assert acc["ci95"] == pytest.approx(list(stats.proportion_ci(2.5, 4)[1:])), "Wilson interval from stats"
     assert acc["mean_p_correct"] == pytest.approx(0.55)
-    assert debate.versus_chance(acc) == "consistent with chance"
-    assert debate.versus_chance(debate.accuracy([0.9] * 40)) == "above chance"
-    assert debate.fmt_accuracy(acc).startswith("62% [")
+    assert debate_eval.versus_chance(acc) == "consistent with chance"
+    assert debate_eval.versus_chance(debate_eval.accuracy([0.9] * 40)) == "above chance"
+    assert debate_eval.fmt_accuracy(acc).startswith("62% [")
     with pytest.raises(ValueError):
-        debate.accuracy([])
+        debate_eval.accuracy([])
 
 
 def test_hits_and_question_scores():
-    assert debate.hits([0.9, 0.5, 0.1]).tolist() == [1.0, 0.5, 0.0]
+    assert debate_eval.hits([0.9, 0.5, 0.1]).tolist() == [1.0, 0.5, 0.0]
     # consultancy: two judgments per question (correct and incorrect consultant), averaged per question
-    assert debate.question_scores([0.9, 0.2, 0.7, 0.6], 2).tolist() == [0.5, 1.0]
-    table = debate.accuracy_table({"naive": debate.accuracy([0.9, 0.2]), "debate": debate.accuracy([0.9, 0.8])})
+    assert debate_eval.question_scores([0.9, 0.2, 0.7, 0.6], 2).tolist() == [0.5, 1.0]
+    table = debate_eval.accuracy_table({"naive": debate_eval.accuracy([0.9, 0.2]), "debate": debate_eval.accuracy([0.9, 0.8])})
     assert list(table.index) == ["naive", "debate"] and {"ci_low", "ci_high", "n", "vs chance"} <= set(table.columns)
 
 
@@ -102,14 +102,14 @@ def test_protocol_differences_are_paired_bootstraps_on_questions():
     rng = np.random.default_rng(0)
     j = {"naive": _judgment(rng.uniform(0, 1, 30)), "debate": _judgment(rng.uniform(0.3, 1, 30)),
          "expert": _judgment(rng.uniform(0.4, 1, 30)), "consultancy": _judgment(rng.uniform(0, 1, 60))}
-    d = debate.protocol_differences(j, seed=1)
+    d = debate_eval.protocol_differences(j, seed=1)
     assert set(d) == {"debate - naive", "debate - consultancy", "expert - debate"}
-    want = stats.paired_bootstrap(debate.hits(j["debate"]["p_correct"]), debate.question_scores(j["consultancy"]["p_correct"], 2),
+    want = stats.paired_bootstrap(debate_eval.hits(j["debate"]["p_correct"]), debate_eval.question_scores(j["consultancy"]["p_correct"], 2),
                                   seed=config.derive_seed(1, "bootstrap", "debate - consultancy"))
     assert d["debate - consultancy"] == pytest.approx(want)
     assert all(lo <= est <= hi for est, lo, hi in d.values())
-    assert debate.protocol_differences(j, seed=1) == d, "seeded"
-    bias = debate.position_bias(j)
+    assert debate_eval.protocol_differences(j, seed=1) == d, "seeded"
+    bias = debate_eval.position_bias(j)
     assert bias.loc["naive", "P(picks first)"] == pytest.approx(0.5)
 
 
@@ -178,6 +178,12 @@ def test_protocols_on_tiny_model(tiny):
     assert [it["side"] for it in cons["items"]] == ["correct", "distractor"] * 2
     bon = debate.run_protocol(model, tok, items, "consultancy", rounds=2, word_limit=5, best_of=2, seed=0, batch_size=4)
     assert len(bon["arguments"]) == 8 and all(0 <= a["preference"] <= 1 for a in bon["arguments"])
+    with pytest.raises(ValueError, match="one-round"):
+        debate.first_candidates(bon)
+    one = debate.run_protocol(model, tok, items, "debate", rounds=1, word_limit=5, best_of=3, seed=0, batch_size=4)
+    first = debate.first_candidates(one)
+    assert [[[a["options"][0] for a in one["arguments"] if a["item"] == k]] for k in range(2)] == first
+    assert all(len(a["options"]) == 3 and a["argument"] in a["options"] for a in one["arguments"])
     j = debate.judge(model, tok, out["items"], "debate", out["transcripts"], batch_size=4)
     assert np.allclose(j["p_correct"], (j["p_correct_first"] + j["p_correct_second"]) / 2) and len(j["p_first"]) == 4
     for reading in debate.READINGS:
