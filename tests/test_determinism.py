@@ -23,6 +23,7 @@ TIMING_KEYS = (
     r".+_s",            # seconds: wall_time_s, load_s, first_load_s, cached_load_s, train_wall_s, tokens_per_s
     r"seconds",         # seconds by phase (04 debate/judging, 06 loop)
     r"tokens/s",        # 00 generation throughput
+    r".+ s/question",   # 04: CPU seconds per judged question
     r"batched_speedup",  # 00: a ratio of two throughputs
     r"python",          # interpreter version (top level and 00's environment)
     r"package_version",
