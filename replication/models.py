@@ -214,12 +214,56 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(1) - 1).clamp(min=0)
 
 
+MIN_SHARED = 32  # tokens: a shorter leading run that prompts share is not worth a pass of its own
+
+
+def common_prefix(prompt_ids, prompt_mask) -> int:
+    """Length of the longest run of leading tokens that every prompt shares (its real tokens, padding skipped)."""
+    rows = [ids[m.bool()] for ids, m in zip(prompt_ids, prompt_mask)]
+    n = min(len(r) for r in rows)
+    same = torch.stack([r[:n] for r in rows]).eq(rows[0][:n]).all(0)
+    return int(n if bool(same.all()) else same.long().argmin())
+
+
+def encode_prompts(model, prompt_ids, prompt_mask, min_prefix: int = MIN_SHARED):
+    """Encode distinct prompts for continuations: (logits of each prompt's last position (U, 1, V), the keys and
+    values (a cache of U rows), the ids and attention mask in the cache's layout (what continuations extend), the
+    number of real tokens of each prompt (the next token's position)).
+
+    Prompts that share a leading run of >= min_prefix tokens (a system turn and the same worked examples before
+    each question) encode it once: the shared run, then each prompt's rest, left-padded after the shared run (the
+    padding masked), with the gradient flowing through both. Otherwise the prompts are encoded as given (left
+    padding). Same values as encoding each prompt whole, up to rounding."""
+    U, lengths = prompt_ids.shape[0], prompt_mask.sum(1)
+    L = min(common_prefix(prompt_ids, prompt_mask), int(lengths.min()) - 1) if U > 1 else 0  # each keeps a token
+    if L < min_prefix:
+        out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask),
+                    use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1:], out.past_key_values, prompt_ids, prompt_mask, lengths
+    rows = [ids[m.bool()] for ids, m in zip(prompt_ids, prompt_mask)]
+    rest = max(len(r) for r in rows) - L
+    ids = torch.full((U, rest), int(rows[0][L]), dtype=prompt_ids.dtype)   # filler under a 0 mask
+    mask = torch.zeros((U, rest), dtype=prompt_mask.dtype)
+    for u, r in enumerate(rows):
+        ids[u, rest - len(r) + L:], mask[u, rest - len(r) + L:] = r[L:], 1
+    shared = model(input_ids=rows[0][None, :L], use_cache=True, logits_to_keep=1).past_key_values
+    shared.batch_repeat_interleave(U)
+    attention = torch.cat([torch.ones((U, L), dtype=mask.dtype), mask], 1)
+    positions = (L + mask.cumsum(1) - 1).clamp(min=L)
+    out = model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=shared,
+                use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1:], out.past_key_values, torch.cat([rows[0][None, :L].expand(U, -1), ids], 1), attention, lengths
+
+
 def sample(model, tok, texts, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, repeats: int = 1,
            top_k: int = 0, min_p: float = 0.0):
     """`repeats` completions per (already templated) text, text-major: prompt ids and mask, completion ids and mask.
 
-    With repeats > 1 each prompt is prefilled once and its KV cache copied for the repeats: on a CPU the prefill
-    of long prompts costs more than decoding a short reply."""
+    The prompts are prefilled before generate() (encode_prompts) when they come with repeats or share a
+    leading run (the same worked examples before each question): each prompt once, its KV cache copied for the
+    repeats, and a shared leading run once for all prompts; on a CPU the prefill of long prompts costs more than
+    decoding a short reply. The prompt ids and mask returned are in that cache's layout (padding after the shared
+    run rather than before it); their real tokens are the same."""
     from transformers import GenerationConfig
 
     enc = tok(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
@@ -231,12 +275,12 @@ def sample(model, tok, texts, max_new_tokens: int, temperature: float = 1.0, top
                            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     extra = {}
     with torch.no_grad():
-        if repeats > 1 and ids.shape[1] > 1:
-            head = mask[:, :-1]                 # the last prompt token is left for generate() to feed
-            cache = model(input_ids=ids[:, :-1], attention_mask=head, position_ids=position_ids(head),
-                          use_cache=True).past_key_values
-            cache.batch_repeat_interleave(repeats)
-            extra = {"past_key_values": cache}
+        if ids.shape[1] > 1 and bool(mask[:, :-1].any(1).all()) and (repeats > 1 or len(ids) > 1):
+            if repeats > 1 or common_prefix(ids, mask) >= MIN_SHARED:   # the last prompt token is left for generate() to feed
+                _, cache, head, head_mask, _ = encode_prompts(model, ids[:, :-1], mask[:, :-1])
+                cache.batch_repeat_interleave(repeats)
+                ids, mask = torch.cat([head, ids[:, -1:]], 1), torch.cat([head_mask, mask[:, -1:]], 1)
+                extra = {"past_key_values": cache}
         ids, mask = ids.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0)
         seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg, **extra)
     completion = seqs[:, ids.shape[1]:]

@@ -25,18 +25,17 @@ def reference_mask(offsets, start: int, end: int) -> list:
 
 def shared_prompt_logps(model, prompt_ids, prompt_mask, which, completion_ids, mask, temperature: float = 1.0):
     """Completion-token log-probs, shape (B, T), for completions that share prompts: the distinct prompts
-    (prompt_ids, left-padded) are encoded once and row b continues prompt which[b] (its keys and values
-    selected from the prompts' cache). Same values as one pass over each prompt + completion, up to rounding."""
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=models.position_ids(prompt_mask),
-                use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
+    (prompt_ids, left-padded) are encoded once (models.encode_prompts) and row b continues prompt which[b] (its
+    keys and values selected from the prompts' cache). Same values as one pass over each prompt + completion, up
+    to rounding."""
+    first, cache, _, p_att, lengths = models.encode_prompts(model, prompt_ids, prompt_mask)
     cache.batch_select_indices(which)
-    first = out.logits[which, -1:]                                           # predicts completion token 0
+    first = first[which]                                                     # predicts completion token 0
     T = completion_ids.shape[1]
     if T == 1:
         return training.token_logps(first, completion_ids, temperature)
-    attention = torch.cat([prompt_mask[which], mask[:, :-1]], 1)
-    positions = prompt_mask.sum(1)[which][:, None] + torch.arange(T - 1)[None, :]
+    attention = torch.cat([p_att[which], mask[:, :-1]], 1)
+    positions = lengths[which][:, None] + torch.arange(T - 1)[None, :]
     rest = model(input_ids=completion_ids[:, :-1], attention_mask=attention, position_ids=positions,
                  past_key_values=cache, use_cache=True).logits                # predicts tokens 1..T-1
     return training.token_logps(torch.cat([first, rest], 1), completion_ids, temperature)
@@ -44,13 +43,25 @@ def shared_prompt_logps(model, prompt_ids, prompt_mask, which, completion_ids, m
 
 def token_probs(model, tok, prompts, completions, spans, temperature: float = 1.0, batch_size: int = 16, system=None):
     """Probabilities of the tokens overlapping each span, under the model (logits / temperature); None where span
-    is None. Prompts (a user message or chat turns) that repeat within a batch (a rollout's group) are encoded once."""
+    is None. Rows are batched by prompt (a user message or chat turns): the rows of one prompt (a rollout's group
+    and its no-reasoning row) share a batch, up to batch_size rows, so that each prompt is encoded once."""
     out = [None] * len(prompts)
-    rows = [i for i, s in enumerate(spans) if s is not None]
     texts = models.chat_prompts(tok, prompts, system)
+    groups = {}
+    for i, s in enumerate(spans):
+        if s is not None:
+            groups.setdefault(texts[i], []).append(i)
+    chunks, chunk = [], []
+    for rows in groups.values():
+        for k in range(0, len(rows), batch_size):
+            part = rows[k:k + batch_size]
+            if chunk and len(chunk) + len(part) > batch_size:
+                chunks.append(chunk)
+                chunk = []
+            chunk = chunk + part
+    chunks += [chunk] if chunk else []
     model.eval()
-    for k in range(0, len(rows), batch_size):
-        chunk = rows[k:k + batch_size]
+    for chunk in chunks:
         unique = list(dict.fromkeys(texts[i] for i in chunk))
         enc = tok(unique, return_tensors="pt", padding=True, add_special_tokens=False)
         which = torch.tensor([unique.index(texts[i]) for i in chunk])

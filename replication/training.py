@@ -33,21 +33,19 @@ def completion_logps(model, prompt_ids, prompt_mask, completion_ids, mask, tempe
 
 def grouped_logps(model, prompt_ids, prompt_mask, completion_ids, mask, group_size: int, temperature: float = 1.0):
     """completion_logps for rows that come in groups of `group_size` sharing one prompt (GRPO's G samples):
-    each prompt is encoded once, its keys and values repeated for the group's completions, with the gradient
-    flowing back through them into the prompt's pass. Same result as completion_logps up to rounding."""
+    each prompt is encoded once (models.encode_prompts: a leading run the prompts share, once for all), its keys
+    and values repeated for the group's completions, with the gradient flowing back through them into the
+    prompt's pass. Same result as completion_logps up to rounding."""
     G, B, T = group_size, completion_ids.shape[0], completion_ids.shape[1]
     if G == 1 or B % G:
         return completion_logps(model, prompt_ids, prompt_mask, completion_ids, mask, temperature)
-    p_ids, p_mask = prompt_ids[::G], prompt_mask[::G]                        # (B / G, P)
-    out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=models.position_ids(p_mask),
-                use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
+    first, cache, _, p_att, lengths = models.encode_prompts(model, prompt_ids[::G], prompt_mask[::G])   # B / G prompts
     cache.batch_repeat_interleave(G)                                         # (B, heads, P, d) per layer
-    first = out.logits[:, -1:].repeat_interleave(G, 0)                       # predicts completion token 0
+    first = first.repeat_interleave(G, 0)                                    # predicts completion token 0
     if T == 1:
         return token_logps(first, completion_ids, temperature)
-    attention = torch.cat([prompt_mask, mask[:, :-1]], 1)
-    positions = (p_mask.sum(1).repeat_interleave(G)[:, None] + torch.arange(T - 1)[None, :])
+    attention = torch.cat([p_att.repeat_interleave(G, 0), mask[:, :-1]], 1)
+    positions = lengths.repeat_interleave(G)[:, None] + torch.arange(T - 1)[None, :]
     rest = model(input_ids=completion_ids[:, :-1], attention_mask=attention, position_ids=positions,
                  past_key_values=cache, use_cache=True).logits                # predicts tokens 1..T-1
     return token_logps(torch.cat([first, rest], 1), completion_ids, temperature)

@@ -65,6 +65,44 @@ def test_finished_run_is_skipped(tmp_path):
     assert folder.done and make_trainer().train(sampler, 2, folder, progress=False) == rows
 
 
+def test_a_shared_leading_run_is_encoded_once_with_the_plain_loss_and_gradient():
+    """Prompts led by the same worked examples (chat turns) share their leading run: models.encode_prompts encodes it once,
+    and grouped_logps still gives completion_logps' loss and LoRA gradient (fp32, 1e-5); prompts of different
+    lengths, one of them the shortest, so the padding after the shared run is exercised."""
+    torch.manual_seed(0)
+    model, tok = models.tiny_model(seed=0)
+    model = models.add_lora(model, r=4, alpha=8)
+    for p in training.trainable(model).values():
+        torch.nn.init.normal_(p, std=0.05)
+    shots = [{"role": "user", "content": "What is 12 + 30? End with: The answer is N."},
+             {"role": "assistant", "content": "12 + 30 = 42. The answer is 42."}]
+    texts = models.chat_prompts(tok, [shots + [{"role": "user", "content": q}] for q in ("1 + 1?", "A longer one: 7 + 5?", "9?")])
+    p_ids, p_mask, c_ids, c_mask = models.sample(model, tok, texts, 8, 1.0, repeats=3)
+    c_mask[2, 2:] = 0
+    assert models.common_prefix(p_ids[::3], p_mask[::3]) >= 32  # the shared path is the one tested
+    adv = torch.randn(len(c_ids))
+
+    def loss_and_grad(fn):
+        model.zero_grad()
+        logps = fn(model, p_ids, p_mask, c_ids, c_mask)
+        loss, _ = grpo.grpo_loss(logps, logps.detach(), logps.detach() - 0.1, adv, c_mask, beta=0.04)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in training.trainable(model).items()}
+
+    plain = loss_and_grad(lambda *a: training.completion_logps(*a, temperature=0.7))
+    shared = loss_and_grad(lambda *a: training.grouped_logps(*a, group_size=3, temperature=0.7))
+    assert torch.allclose(plain[0], shared[0], atol=1e-5)
+    assert all(torch.allclose(plain[1][k], shared[1][k], atol=1e-5) for k in plain[1])
+    assert max(g.abs().max() for g in plain[1].values()) > 1e-3
+
+
+def test_common_prefix_ignores_left_padding():
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [5, 6, 7, 9, 9, 9], [0, 5, 6, 7, 8, 1]])
+    mask = (torch.arange(6)[None] >= torch.tensor([[2], [0], [1]])).long()
+    assert models.common_prefix(ids, mask) == 3
+    assert models.common_prefix(ids[[0, 2]], mask[[0, 2]]) == 4
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"num_generations": 1}, "num_generations=1"),
     ({"beta": -0.1}, "beta=-0.1"),

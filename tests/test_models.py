@@ -43,6 +43,24 @@ def test_shared_prefill_repeats_match_expanded_prompts():
     assert len(set(sampled.texts[:3])) > 1                     # the copies of one prompt are sampled apart
 
 
+def test_a_shared_leading_run_is_prefilled_once_with_the_same_replies():
+    """Prompts led by the same worked examples: the batch prefills the shared run once (models.encode_prompts);
+    greedy replies equal those of each prompt generated alone, with and without repeats, and the prompt ids
+    returned hold each prompt's tokens (padding moved after the shared run)."""
+    model, tok = models.tiny_model(seed=2)
+    shots = [{"role": "user", "content": "What is 12 + 30? End with: The answer is N."},
+             {"role": "assistant", "content": "12 + 30 = 42. The answer is 42."}]
+    prompts = [shots + [{"role": "user", "content": q}] for q in ("1 + 1?", "A longer one: 7 + 5?", "9?")]
+    texts = models.chat_prompts(tok, prompts)
+    p_ids, p_mask, _, _ = models.sample(model, tok, texts, 4, 0.0)
+    assert bool(p_mask[:, 0].all())                          # the shared run comes first, unpadded
+    assert [tok.decode(i[m.bool()]) for i, m in zip(p_ids, p_mask)] == texts
+    for repeats in (1, 3):
+        batched = models.generate(model, tok, prompts, max_new_tokens=6, batch_size=3, repeats=repeats)
+        alone = models.generate(model, tok, prompts, max_new_tokens=6, batch_size=1, repeats=repeats)
+        assert batched.completion_ids == alone.completion_ids
+
+
 def test_chat_template_ends_with_assistant_turn(tiny):
     _, tok = tiny
     (text,) = models.chat_prompts(tok, ["What is 2 + 2?"], system="Be brief.")

@@ -19,6 +19,7 @@ def test_notebook_is_clean_and_parameterised(stem):
     nb = nbformat.read(runner.NOTEBOOKS / f"{stem}.ipynb", as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(not c.outputs and c.execution_count is None for c in code), "committed with outputs"
+    assert all("id" in c for c in nb.cells), "every cell has an id (nbformat 4.5; later nbformat versions require it)"
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, "exactly one cell tagged 'parameters'"
     cell = {}
