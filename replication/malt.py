@@ -1,11 +1,11 @@
-"""MALT: generator -> verifier -> refiner chains, trajectory trees, value iteration, role-wise SFT then DPO,
-and the held-out protocol of notebook 05 (variants, accuracies, paired differences, answer changes)."""
+"""MALT: generator -> verifier -> refiner chains, trajectory trees, value iteration, role-wise SFT then DPO
+(notebook 05's held-out protocol: malt_eval)."""
 from collections import Counter
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
-from . import config, dpo, models, stats, tasks
+from . import config, dpo, models, tasks
 
 ROLES = ("generator", "verifier", "refiner")
 POOLINGS = ("global", "local")
@@ -18,9 +18,19 @@ THRESHOLD = 0.5   # a node is positive when its value is strictly above this (th
 GENERATOR_INSTRUCTION = "Write the calculation in one short sentence, then end your reply with: The answer is <number>."
 
 
-def generator_prompt(question: str) -> str:
-    """G(q): the question with a short-answer instruction."""
-    return f"{question}\n{GENERATOR_INSTRUCTION}"
+def generator_prompt(question: str, shots=()):
+    """G(q): the question with a short-answer instruction; after `shots` worked examples (tasks.Problem) as chat
+    turns when given, each answered by its one-sentence solution ("5 + 3 = 8. The answer is 8.")."""
+    ask = f"{question}\n{GENERATOR_INSTRUCTION}"
+    if not shots:
+        return ask
+    turns = [t for s in shots for t in ({"role": "user", "content": f"{s.question}\n{GENERATOR_INSTRUCTION}"},
+                                        {"role": "assistant", "content": s.solution})]
+    return turns + [{"role": "user", "content": ask}]
+
+
+def _turns(prompt) -> list:
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
 
 
 def verifier_prompt(question: str, g: str) -> str:
@@ -29,16 +39,17 @@ def verifier_prompt(question: str, g: str) -> str:
             "Is the student's final answer correct? Check it and reply in one or two sentences.")
 
 
-def refiner_prompt(question: str, g: str, v: str) -> list:
-    """R(q, g, v): a conversation: the question, g as the model's own first reply, then the critique."""
-    return [{"role": "user", "content": generator_prompt(question)}, {"role": "assistant", "content": g},
+def refiner_prompt(question: str, g: str, v: str, shots=()) -> list:
+    """R(q, g, v): a conversation: the generator's prompt (worked examples included), g as the model's own first
+    reply, then the critique."""
+    return [*_turns(generator_prompt(question, shots)), {"role": "assistant", "content": g},
             {"role": "user", "content": f"A reviewer said: \"{v}\"\n"
                                         "Write your final answer in one short sentence, ending with: The answer is <number>."}]
 
 
-def prompt_key() -> list:
+def prompt_key(shots=()) -> list:
     """The three role prompts with placeholders: part of every cache key, so a prompt change resamples."""
-    return [generator_prompt("{q}"), verifier_prompt("{q}", "{g}"), refiner_prompt("{q}", "{g}", "{v}")]
+    return [generator_prompt("{q}", shots), verifier_prompt("{q}", "{g}"), refiner_prompt("{q}", "{g}", "{v}", shots)]
 
 
 @contextmanager
@@ -55,29 +66,43 @@ def use_role(model, role):
             yield model
 
 
-def _generate(model, tok, prompts, role, max_new_tokens, temperature, seed, batch_size, repeats=1):
+def sampling_copy(model, dtype: str = "float32"):
+    """None (sample from the model itself) or, for "bfloat16", a bf16 copy that each role's sampling syncs to
+    (training.SamplingCopy: base + the active adapter's delta, measured faster on this CPU; the training and
+    every log-prob stay in fp32, only which replies are drawn changes)."""
+    import torch
+
+    from . import training
+
+    config.check_choice("rollout_dtype", dtype, ("float32", "bfloat16"))
+    return training.SamplingCopy(model, torch.bfloat16) if dtype == "bfloat16" else None
+
+
+def _generate(model, tok, prompts, role, max_new_tokens, temperature, seed, batch_size, repeats=1, sampler=None):
     with use_role(model, role):
-        return models.generate(model, tok, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+        net = model if sampler is None else sampler.sync()
+        return models.generate(net, tok, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                seed=seed, batch_size=batch_size, repeats=repeats).texts
 
 
 def sample_trees(model, tok, problems, n=3, tokens=(48, 32, 48), temperature=0.7, seed=0, batch_size=16,
-                 trained=False) -> dict:
-    """One tree per problem: n generations, n critiques of each, n refinements of each (n^3 leaves), batched."""
+                 trained=False, shots=(), sampler=None) -> dict:
+    """One tree per problem: n generations, n critiques of each, n refinements of each (n^3 leaves), batched;
+    the generator's and refiner's prompts open with the worked examples `shots`."""
     config.check_int("n", n)
     if len(tokens) != 3:
         raise ValueError(f"tokens={tokens!r} is not allowed; give max new tokens for (generator, verifier, refiner)")
     role = (lambda r: r) if trained else (lambda r: None)
     Q, qs = len(problems), [p.question for p in problems]
-    g = _generate(model, tok, [generator_prompt(q) for q in qs], role("generator"),
-                  tokens[0], temperature, config.derive_seed(seed, "tree", "generator"), batch_size, n)      # q*n + j
+    g = _generate(model, tok, [generator_prompt(q, shots) for q in qs], role("generator"),
+                  tokens[0], temperature, config.derive_seed(seed, "tree", "generator"), batch_size, n, sampler)  # q*n + j
     v = _generate(model, tok, [verifier_prompt(qs[i // n], g[i]) for i in range(Q * n)], role("verifier"),
-                  tokens[1], temperature, config.derive_seed(seed, "tree", "verifier"), batch_size, n)       # (q*n + j)*n + k
-    r = _generate(model, tok, [refiner_prompt(qs[i // n**2], g[i // n], v[i]) for i in range(Q * n * n)],
-                  role("refiner"), tokens[2], temperature, config.derive_seed(seed, "tree", "refiner"), batch_size, n)
+                  tokens[1], temperature, config.derive_seed(seed, "tree", "verifier"), batch_size, n, sampler)   # (q*n + j)*n + k
+    r = _generate(model, tok, [refiner_prompt(qs[i // n**2], g[i // n], v[i], shots) for i in range(Q * n * n)],
+                  role("refiner"), tokens[2], temperature, config.derive_seed(seed, "tree", "refiner"), batch_size, n, sampler)
     reward = [int(tasks.verify(t, problems[i // n**3].answer)) for i, t in enumerate(r)]
     return {"n": n, "questions": qs, "answers": [p.answer for p in problems], "g": g, "v": v, "r": r,
-            "reward": reward}
+            "reward": reward, "shots": [s.to_dict() for s in shots]}
 
 
 def rewards(tree) -> np.ndarray:
@@ -128,13 +153,14 @@ def sibling_pairs(lab) -> list:
 def _nodes(tree):
     """Prompt and text of every node, as arrays indexed like the labels."""
     n, qs = tree["n"], tree["questions"]
+    shots = [tasks.Problem(**s) for s in tree.get("shots", [])]
     Q = len(qs)
     g = np.array(tree["g"], dtype=object).reshape(Q, n)
     v = np.array(tree["v"], dtype=object).reshape(Q, n, n)
     r = np.array(tree["r"], dtype=object).reshape(Q, n, n, n)
-    prompt = {"generator": lambda q: generator_prompt(qs[q]),
+    prompt = {"generator": lambda q: generator_prompt(qs[q], shots),
               "verifier": lambda q, j: verifier_prompt(qs[q], g[q, j]),
-              "refiner": lambda q, j, k: refiner_prompt(qs[q], g[q, j], v[q, j, k])}
+              "refiner": lambda q, j, k: refiner_prompt(qs[q], g[q, j], v[q, j, k], shots)}
     return {"generator": g, "verifier": v, "refiner": r}, prompt
 
 
@@ -153,6 +179,25 @@ def sft_examples(tree, pooling: str = "global") -> dict:
     texts, prompt = _nodes(tree)
     return {role: [(prompt[role](*idx[:-1]), texts[role][idx]) for idx in zip(*np.nonzero(lab))]
             for role, lab in zip(ROLES, labels(rewards(tree), pooling))}
+
+
+def tree_subset(tree, questions) -> dict:
+    """The trees of the question indices `questions`, as a tree of their own (e.g. a validation slice)."""
+    n = tree["n"]
+    pick = lambda xs, per: [xs[q * per + i] for q in questions for i in range(per)]
+    return {**tree, "questions": [tree["questions"][q] for q in questions], "answers": [tree["answers"][q] for q in questions],
+            "g": pick(tree["g"], n), "v": pick(tree["v"], n**2), "r": pick(tree["r"], n**3), "reward": pick(tree["reward"], n**3)}
+
+
+def equal_budget(by_pooling: dict, limit: int, seed: int = 0) -> dict:
+    """pooling -> role -> items, cut so that every pooling trains each role on the same number of items:
+    min(limit, the smallest pooling's count), a seeded subsample of each (subsample)."""
+    out = {p: {} for p in by_pooling}
+    for role in ROLES:
+        k = min([limit] + [len(d[role]) for d in by_pooling.values()])
+        for p, d in by_pooling.items():
+            out[p][role] = subsample(d[role], k, config.derive_seed(seed, "budget", role)) if k else []
+    return out
 
 
 def subsample(items, limit: int, seed: int = 0) -> list:
@@ -190,24 +235,63 @@ def train_dpo_sft_reference(model, tok, pairs, cfg: dpo.PreferenceConfig, adapte
     return dpo.train_dpo(model, tok, pairs, cfg, adapter_name, progress, reference="initial")
 
 
-def train_role(model, tok, role, sft, pairs, sft_cfg, dpo_cfg, reference="sft", stage="both") -> dict:
-    """SFT then DPO on one role's adapter; the DPO reference is the SFT policy ('sft') or the base ('base')."""
+def train_role(model, tok, role, sft, pairs, sft_cfg, dpo_cfg, reference="sft", stage="both", validation=None) -> dict:
+    """SFT then DPO on one role's adapter; the DPO reference is the SFT policy ('sft') or the base ('base').
+    `validation` = (held-out SFT examples, held-out pairs) of the role: each stage ends at the epoch with the
+    lowest validation loss (dpo.train_sft / dpo.train_dpo), epoch 0 (no change) included."""
     config.check_choice("reference", reference, REFERENCES)
     config.check_choice("stage", stage, ("sft", "dpo", "both"))
+    val_sft, val_pairs = validation or (None, None)
     logs = {"sft": [], "dpo": []}
     if stage in ("sft", "both") and sft:
-        logs["sft"] = dpo.train_sft(model, tok, sft, sft_cfg, adapter_name=role, progress=False)
+        logs["sft"] = dpo.train_sft(model, tok, sft, sft_cfg, adapter_name=role, progress=False, validation=val_sft or None)
     if stage in ("dpo", "both") and pairs:
-        logs["dpo"] = (train_dpo_sft_reference(model, tok, pairs, dpo_cfg, role) if reference == "sft" else
-                       dpo.train_dpo(model, tok, pairs, dpo_cfg, adapter_name=role, progress=False))
+        logs["dpo"] = dpo.train_dpo(model, tok, pairs, dpo_cfg, adapter_name=role, progress=False,
+                                    reference="initial" if reference == "sft" else "base", validation=val_pairs or None)
     return logs
 
 
-def train_stage(model, tok, sft_sets, pair_sets, sft_cfg, dpo_cfg, reference="sft", stage="both") -> dict:
-    """One stage ('sft', 'dpo' or 'both') for every role, each on its own adapter (train_role). Returns
-    {"weights": role -> adapter state, "logs": role -> {"sft": rows, "dpo": rows}}: a value run.cached stores."""
-    logs = {r: train_role(model, tok, r, sft_sets[r], pair_sets[r], sft_cfg, dpo_cfg, reference, stage) for r in ROLES}
+def train_stage(model, tok, sft_sets, pair_sets, sft_cfg, dpo_cfg, reference="sft", stage="both", validation=None) -> dict:
+    """One stage ('sft', 'dpo' or 'both') for every role, each on its own adapter (train_role); `validation` =
+    (role -> held-out SFT examples, role -> held-out pairs). Returns {"weights": role -> adapter state,
+    "logs": role -> {"sft": rows, "dpo": rows}}: a value run.cached stores."""
+    val = (lambda r: (validation[0][r], validation[1][r])) if validation else (lambda r: None)
+    logs = {r: train_role(model, tok, r, sft_sets[r], pair_sets[r], sft_cfg, dpo_cfg, reference, stage, val(r)) for r in ROLES}
     return {"weights": {r: adapter_state(model, r) for r in ROLES}, "logs": logs}
+
+
+def stage_summary(logs: dict) -> dict:
+    """Per role and stage: steps, first and last training loss, the validation loss per epoch (0 = before) and the
+    epoch kept (the held-out check); for DPO also the last epoch's training preference accuracy."""
+    out = {}
+    for role, by_stage in logs.items():
+        for stage, rows in by_stage.items():
+            if not rows:
+                out[f"{role} {stage}"] = {"steps": 0}
+                continue
+            last = rows[-1]
+            out[f"{role} {stage}"] = {"steps": len(rows), "loss_first": rows[0]["loss"], "loss_last": last["loss"],
+                                      "val_curve": last.get("val_curve"), "best_epoch": last.get("best_epoch")}
+    return out
+
+
+def train_arm(cache, key: dict, name: str, model, tok, init: dict, sets: tuple, validation: tuple, sft_cfg, dpo_cfg,
+              reference: str = "sft", after_sft=None) -> dict:
+    """One MALT arm from the initial adapters `init` (role -> state): SFT, then DPO on the SFT policy, every role,
+    each stage made once through cache(name, key, make) (run.cached's signature). sets and validation are
+    (role -> SFT examples, role -> pairs). after_sft(), if given, runs with the SFT weights loaded (e.g. their
+    evaluation). Returns {"sft": stage, "dpo": stage, "logs": role -> {"sft": rows, "dpo": rows}}; the model
+    ends with the arm's final (DPO) weights."""
+    load_stage(model, {"weights": init})
+    k = {**key, "arm": name}
+    sft_out = cache(f"sft-{name}", k, lambda: train_stage(model, tok, *sets, sft_cfg, dpo_cfg, reference, "sft", validation))
+    load_stage(model, sft_out)
+    if after_sft is not None:
+        after_sft()
+    dpo_out = cache(f"dpo-{name}", k, lambda: train_stage(model, tok, *sets, sft_cfg, dpo_cfg, reference, "dpo", validation))
+    load_stage(model, dpo_out)
+    return {"sft": sft_out, "dpo": dpo_out,
+            "logs": {r: {"sft": sft_out["logs"][r]["sft"], "dpo": dpo_out["logs"][r]["dpo"]} for r in ROLES}}
 
 
 def load_stage(model, trained: dict) -> None:
@@ -226,7 +310,7 @@ def majority_vote(answers):
 
 
 def run_chains(model, tok, problems, k=1, trained=False, tokens=(48, 32, 48), temperature=0.7, seed=0,
-               batch_size=16, generator_only=False, g=None) -> list:
+               batch_size=16, generator_only=False, g=None, shots=(), sampler=None) -> list:
     """k independent G -> V -> R chains per problem (or k generator samples): one row per chain.
 
     `g`, one generator reply per chain (question-major), replaces the generator step: chains that continue
@@ -236,16 +320,16 @@ def run_chains(model, tok, problems, k=1, trained=False, tokens=(48, 32, 48), te
     items = [(i, c) for i in range(len(problems)) for c in range(k)]
     qs = [problems[i].question for i, _ in items]
     if g is None:
-        g = _generate(model, tok, [generator_prompt(p.question) for p in problems], role("generator"), tokens[0],
-                      temperature, config.derive_seed(seed, "chains", "generator"), batch_size, k)
+        g = _generate(model, tok, [generator_prompt(p.question, shots) for p in problems], role("generator"), tokens[0],
+                      temperature, config.derive_seed(seed, "chains", "generator"), batch_size, k, sampler)
     elif len(g) != len(items):
         raise ValueError(f"g has {len(g)} replies; give one per chain ({len(problems)} problems x k = {k})")
     v = r = [None] * len(items)
     if not generator_only:
         v = _generate(model, tok, [verifier_prompt(q, x) for q, x in zip(qs, g)], role("verifier"), tokens[1],
-                      temperature, config.derive_seed(seed, "chains", "verifier"), batch_size)
-        r = _generate(model, tok, [refiner_prompt(q, x, y) for q, x, y in zip(qs, g, v)], role("refiner"),
-                      tokens[2], temperature, config.derive_seed(seed, "chains", "refiner"), batch_size)
+                      temperature, config.derive_seed(seed, "chains", "verifier"), batch_size, 1, sampler)
+        r = _generate(model, tok, [refiner_prompt(q, x, y, shots) for q, x, y in zip(qs, g, v)], role("refiner"),
+                      tokens[2], temperature, config.derive_seed(seed, "chains", "refiner"), batch_size, 1, sampler)
     rows = []
     for (i, c), x, y, z in zip(items, g, v, r):
         truth, final = problems[i].answer, (x if generator_only else z)
@@ -253,101 +337,6 @@ def run_chains(model, tok, problems, k=1, trained=False, tokens=(48, 32, 48), te
                      "g_answer": tasks.extract_answer(x), "g_correct": tasks.verify(x, truth),
                      "final_answer": tasks.extract_answer(final), "correct": tasks.verify(final, truth)})
     return rows
-
-
-def vote_accuracy(rows) -> tuple:
-    """(correct questions, questions) when each question's chains are combined by majority vote."""
-    by_q = {}
-    for row in rows:
-        by_q.setdefault(row["question"], []).append(row)
-    hits = []
-    for rs in by_q.values():
-        vote = majority_vote([r["final_answer"] for r in sorted(rs, key=lambda r: r["chain"])])
-        hits.append(vote is not None and float(vote) == float(rs[0]["answer"]))
-    return int(sum(hits)), len(hits)
-
-
-def flips(rows) -> dict:
-    """How the verifier and refiner change the generator's answer: counts of each transition."""
-    out = {"wrong_to_right": 0, "right_to_wrong": 0, "right_to_right": 0, "wrong_to_wrong": 0}
-    for row in rows:
-        key = f"{'right' if row['g_correct'] else 'wrong'}_to_{'right' if row['correct'] else 'wrong'}"
-        out[key] += 1
-    return out
-
-
-def reply_stats(rows) -> dict:
-    """Over all chains: accuracy (lenient and strict), stated-format rate, answer kept from g, reply length."""
-    final = [r["g"] if r["r"] is None else r["r"] for r in rows]
-    n = max(len(rows), 1)
-    return {"chains": len(rows), "accuracy": sum(r["correct"] for r in rows) / n,
-            "accuracy_strict": sum(tasks.verify(x, r["answer"], strict=True) for x, r in zip(final, rows)) / n,
-            "format_rate": sum(tasks.has_format(x) for x in final) / n,
-            "kept_generator_answer": sum(r["final_answer"] == r["g_answer"] for r in rows) / n,
-            "mean_chars": sum(len(x) for x in final) / n}
-
-
-# ---- notebook 05's held-out protocol -------------------------------------------------------------------
-
-def variant_chains(cache, key: dict, name: str, model, tok, problems, **kw) -> list:
-    """run_chains(model, tok, problems, **kw) for one named variant, made once through
-    cache(name, key, make) (run.cached's signature); its key is `key` plus the variant's settings."""
-    return cache(f"eval-{name}", {**key, "variant": name, **{k: v for k, v in kw.items() if k != "g"}},
-                 lambda: run_chains(model, tok, problems, **kw))
-
-
-def per_question(rows, vote: bool = False) -> np.ndarray:
-    """One 0/1 outcome per question, in question order: its first chain's, or the majority vote of its chains."""
-    if not vote:
-        return np.array([float(r["correct"]) for r in sorted(rows, key=lambda r: r["question"]) if r["chain"] == 0])
-    return np.array([float(vote_accuracy([r for r in rows if r["question"] == q])[0])
-                     for q in sorted({r["question"] for r in rows})])
-
-
-def accuracy_summary(rows: dict, votes: int) -> dict:
-    """Held-out accuracy of each variant of rows (variant -> chains), single chain or vote, with n and a
-    Wilson 95% interval (stats.proportion_ci)."""
-    spec = {"base generator (greedy)": ("base_greedy", False), "base generator": ("base", False),
-            f"base generator, vote of {votes}": ("base", True), "untrained G-V-R": ("untrained", False),
-            "after SFT": ("sft", False), "after SFT + DPO (MALT)": ("dpo", False), f"MALT, vote of {votes}": ("dpo", True)}
-    out = {}
-    for label, (variant, vote) in spec.items():
-        hits = per_question(rows[variant], vote)
-        p, lo, hi = stats.proportion_ci(int(hits.sum()), len(hits))
-        out[label] = {"acc": p, "ci95": [lo, hi], "n": len(hits)}
-    return out
-
-
-def paired_differences(rows: dict, votes: int, n_boot: int = 2000, seed: int = 0) -> dict:
-    """MALT against the fair baselines on the same held-out questions: per comparison the accuracy
-    difference with its paired bootstrap 95% interval over questions (stats.paired_bootstrap), n, and the
-    relative improvement in the paper's sense (MALT / base - 1)."""
-    comparisons = {f"MALT vote vs base vote ({votes})": (("dpo", True), ("base", True)),
-                   "MALT vs base generator (single)": (("dpo", False), ("base", False)),
-                   "MALT vs untrained G-V-R (single)": (("dpo", False), ("untrained", False)),
-                   "SFT + DPO vs SFT (single)": (("dpo", False), ("sft", False)),
-                   "untrained G-V-R vs base generator (single)": (("untrained", False), ("base", False))}
-    out = {}
-    for name, (a, b) in comparisons.items():
-        a, b = per_question(rows[a[0]], a[1]), per_question(rows[b[0]], b[1])
-        d, lo, hi = stats.paired_bootstrap(a, b, n_boot=n_boot, seed=seed)
-        out[name] = {"diff": d, "ci95": [lo, hi], "n": len(a),
-                     "relative": float(a.mean() / b.mean() - 1) if b.mean() > 0 else float("nan")}
-    return out
-
-
-def flip_table(rows: dict, n_boot: int = 2000, seed: int = 0) -> dict:
-    """Per variant (variant -> chains): how the verifier and refiner change the generator's answer (flips),
-    McNemar's exact test of gained (wrong -> right) vs lost (right -> wrong) (stats.mcnemar), and the net change
-    in accuracy over all chains with a 95% interval bootstrapped over questions (their chains kept together)."""
-    out = {}
-    for name, rs in rows.items():
-        before, after = [r["g_correct"] for r in rs], [r["correct"] for r in rs]
-        test = stats.mcnemar(before, after)
-        d, lo, hi = stats.paired_bootstrap(after, before, n_boot=n_boot, seed=seed, groups=[r["question"] for r in rs])
-        out[name] = {**flips(rs), "mcnemar_p": test["p_value"], "change": d, "ci95": [lo, hi],
-                     "chains": len(rs), "questions": len({r["question"] for r in rs})}
-    return out
 
 
 def construction_holds(tree, paper_n, paper_leaves, paper_threshold) -> bool:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from replication import cache, config, dpo, malt, models, stats, tasks
+from replication import cache, config, dpo, malt, malt_eval, models, stats, tasks
 
 # One question, n = 2: leaves under (g0, v00), (g0, v01), (g1, v10), (g1, v11).
 REWARD_N2 = np.array([[[[1, 0], [1, 1]], [[0, 0], [0, 1]]]])
@@ -124,8 +124,8 @@ def test_vote_accuracy_and_flips():
         {"question": 1, "chain": 1, "answer": 9, "final_answer": 8, "g_correct": False, "correct": False},
         {"question": 1, "chain": 2, "answer": 9, "final_answer": 9, "g_correct": False, "correct": True},
     ]
-    assert malt.vote_accuracy(rows) == (1, 2)          # question 1: tie 8 vs 9, the earlier chain (8) wins
-    assert malt.flips(rows) == {"wrong_to_right": 2, "right_to_wrong": 1, "right_to_right": 1, "wrong_to_wrong": 2}
+    assert malt_eval.vote_accuracy(rows) == (1, 2)          # question 1: tie 8 vs 9, the earlier chain (8) wins
+    assert malt_eval.flips(rows) == {"wrong_to_right": 2, "right_to_wrong": 1, "right_to_right": 1, "wrong_to_wrong": 2}
 
 
 def test_subsample_is_seeded_and_ordered():
@@ -247,7 +247,7 @@ def test_chains_can_continue_given_first_answers():
 def test_reply_stats_by_hand():
     rows = [{"g": "3", "r": "so 5. The answer is 5.", "answer": 5, "correct": True, "final_answer": 5, "g_answer": 3},
             {"g": "2 and 5", "r": None, "answer": 5, "correct": True, "final_answer": 5, "g_answer": 5}]
-    out = malt.reply_stats(rows)
+    out = malt_eval.reply_stats(rows)
     assert out == {"chains": 2, "accuracy": 1.0, "accuracy_strict": 0.5, "format_rate": 0.5,
                    "kept_generator_answer": 0.5, "mean_chars": (len("so 5. The answer is 5.") + len("2 and 5")) / 2}
 
@@ -285,38 +285,40 @@ ROWS = {  # two questions (answer 5), three chains each; single-chain variants h
     "base_greedy": chains(0, [(1, 1, 5)]) + chains(1, [(0, 0, 2)]),
     "untrained": chains(0, [(0, 0, 4)]) + chains(1, [(1, 1, 5)]),
     "sft": chains(0, [(0, 1, 5)]) + chains(1, [(0, 0, 1)]),
+    "dpo_local": chains(0, [(0, 0, 4)]) + chains(1, [(0, 0, 1)]),
 }
 
 
 def test_per_question_first_chain_and_vote():
-    np.testing.assert_array_equal(malt.per_question(ROWS["dpo"]), [1, 0])
-    np.testing.assert_array_equal(malt.per_question(ROWS["dpo"], vote=True), [1, 1])
-    np.testing.assert_array_equal(malt.per_question(ROWS["base"], vote=True), [0, 0])  # 4/5/6 tie: the first (4)
+    np.testing.assert_array_equal(malt_eval.per_question(ROWS["dpo"]), [1, 0])
+    np.testing.assert_array_equal(malt_eval.per_question(ROWS["dpo"], vote=True), [1, 1])
+    np.testing.assert_array_equal(malt_eval.per_question(ROWS["base"], vote=True), [0, 0])  # 4/5/6 tie: the first (4)
 
 
 def test_accuracy_summary_uses_wilson_intervals():
-    acc = malt.accuracy_summary(ROWS, votes=3)
+    acc = malt_eval.accuracy_summary(ROWS, votes=3)
     assert list(acc) == ["base generator (greedy)", "base generator", "base generator, vote of 3", "untrained G-V-R",
-                         "after SFT", "after SFT + DPO (MALT)", "MALT, vote of 3"]
+                         "after SFT", "after SFT + DPO (MALT)", "MALT, vote of 3", "MALT, local pooling"]
     p, lo, hi = stats.proportion_ci(2, 2)
     assert acc["MALT, vote of 3"] == {"acc": p, "ci95": [lo, hi], "n": 2}
     assert acc["base generator"]["acc"] == 0.5 and acc["after SFT"]["acc"] == 0.5
 
 
 def test_paired_differences_come_from_the_paired_bootstrap():
-    diffs = malt.paired_differences(ROWS, votes=3, n_boot=300, seed=4)
+    diffs = malt_eval.paired_differences(ROWS, votes=3, n_boot=300, seed=4)
     d = diffs["MALT vote vs base vote (3)"]
     expected = stats.paired_bootstrap([1, 1], [0, 0], n_boot=300, seed=4)
     assert (d["diff"], *d["ci95"]) == expected and d["n"] == 2 and np.isnan(d["relative"])   # base vote: 0
     single = diffs["MALT vs base generator (single)"]
     assert single["diff"] == 0.0 and single["relative"] == 0.0
     assert diffs["SFT + DPO vs SFT (single)"]["relative"] == pytest.approx(0.0)
+    assert diffs["global vs local pooling (single)"]["diff"] == pytest.approx(0.5)   # dpo [1, 0] vs local [0, 0]
 
 
 def test_flip_table_counts_mcnemar_and_change():
-    out = malt.flip_table({"dpo": ROWS["dpo"]}, n_boot=300, seed=0)["dpo"]
+    out = malt_eval.flip_table({"dpo": ROWS["dpo"]}, n_boot=300, seed=0)["dpo"]
     assert {k: out[k] for k in ("wrong_to_right", "right_to_wrong", "right_to_right", "wrong_to_wrong")} == \
-        malt.flips(ROWS["dpo"]) == {"wrong_to_right": 3, "right_to_wrong": 1, "right_to_right": 1, "wrong_to_wrong": 1}
+        malt_eval.flips(ROWS["dpo"]) == {"wrong_to_right": 3, "right_to_wrong": 1, "right_to_right": 1, "wrong_to_wrong": 1}
     test = stats.mcnemar([r["g_correct"] for r in ROWS["dpo"]], [r["correct"] for r in ROWS["dpo"]])
     assert (test["gained"], test["lost"]) == (3, 1) and out["mcnemar_p"] == test["p_value"]
     assert out["change"] == pytest.approx(2 / 6) and out["chains"] == 6 and out["questions"] == 2
@@ -334,9 +336,9 @@ def test_variant_chains_go_through_the_given_cache(tmp_path):
 
     given = ["The answer is 1.", "The answer is 2."]
     kw = dict(tokens=(4, 3, 4), temperature=1.0, seed=0, batch_size=8)
-    rows = malt.variant_chains(cache_fn, {"base": 1}, "untrained", model, tok, problems, k=1, g=given, **kw)
+    rows = malt_eval.variant_chains(cache_fn, {"base": 1}, "untrained", model, tok, problems, k=1, g=given, **kw)
     assert seen == [("eval-untrained", {"base": 1, "variant": "untrained", "k": 1, **kw})]   # g is not in the key
-    again = malt.variant_chains(cache_fn, {"base": 1}, "untrained", model, tok, problems, k=1, g=given, **kw)
+    again = malt_eval.variant_chains(cache_fn, {"base": 1}, "untrained", model, tok, problems, k=1, g=given, **kw)
     assert again == rows and [r["g"] for r in rows] == given
 
 
@@ -365,3 +367,117 @@ def test_trainers_with_nothing_to_train_return_no_rows():
     cfg = dpo.PreferenceConfig()
     assert dpo.train_sft(model, tok, [], cfg, adapter_name="generator", progress=False) == []
     assert dpo.train_dpo(model, tok, [], cfg, adapter_name="generator", progress=False) == []
+
+
+# ---- the rebuilt protocol: worked examples, validation trees, equal budgets, held-out epochs, health ----------
+
+def test_generator_prompt_with_worked_examples_and_the_refiner_conversation():
+    shots = tasks.worked_examples("2d-1step-add", 2, seed=0)
+    turns = malt.generator_prompt("Q?", shots)
+    assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant", "user"]
+    assert turns[1]["content"] == shots[0].solution and turns[-1]["content"] == f"Q?\n{malt.GENERATOR_INSTRUCTION}"
+    assert malt.generator_prompt("Q?") == f"Q?\n{malt.GENERATOR_INSTRUCTION}"       # no shots: the plain message
+    conv = malt.refiner_prompt("Q?", "g", "v", shots)
+    assert conv[:5] == turns and conv[5] == {"role": "assistant", "content": "g"} and "v" in conv[6]["content"]
+    assert malt.prompt_key(shots) != malt.prompt_key()
+
+
+def test_tree_keeps_its_worked_examples_for_the_training_prompts():
+    shots = tasks.worked_examples("1d-1step-add", 1, seed=0)
+    tree = {**hand_tree(), "shots": [s.to_dict() for s in shots]}
+    prompt, chosen, rejected = malt.preference_pairs(tree)["generator"][0]
+    assert prompt == malt.generator_prompt("Q?", shots) and (chosen, rejected) == ("g0", "g1")
+    assert malt.sft_examples(tree)["refiner"][0][0] == malt.refiner_prompt("Q?", "g0", "v00", shots)
+
+
+def test_tree_subset_picks_whole_trees():
+    two = {"n": 2, "questions": ["A", "B"], "answers": [1, 2], "g": ["a0", "a1", "b0", "b1"],
+           "v": [f"{q}v{i}" for q in "ab" for i in range(4)], "r": [f"{q}r{i}" for q in "ab" for i in range(8)],
+           "reward": [0] * 8 + [1] * 8}
+    sub = malt.tree_subset(two, [1])
+    assert sub["questions"] == ["B"] and sub["answers"] == [2] and sub["g"] == ["b0", "b1"]
+    assert sub["v"] == [f"bv{i}" for i in range(4)] and sub["r"] == [f"br{i}" for i in range(8)]
+    assert sub["reward"] == [1] * 8 and malt.rewards(sub).shape == (1, 2, 2, 2)
+
+
+def test_equal_budget_gives_every_pooling_the_same_count_per_role():
+    by = {"global": {"generator": list(range(3)), "verifier": list(range(10)), "refiner": list(range(50))},
+          "local": {"generator": list(range(7)), "verifier": list(range(4)), "refiner": list(range(60))}}
+    out = malt.equal_budget(by, limit=20, seed=1)
+    assert {r: len(out["global"][r]) for r in malt.ROLES} == {"generator": 3, "verifier": 4, "refiner": 20}
+    assert all(len(out["global"][r]) == len(out["local"][r]) for r in malt.ROLES)
+    assert set(out["local"]["refiner"]) <= set(range(60)) and out == malt.equal_budget(by, limit=20, seed=1)
+    by["local"]["generator"] = []                     # one pooling has none: neither trains that role
+    assert malt.equal_budget(by, limit=20, seed=1)["global"]["generator"] == []
+
+
+def test_held_out_check_keeps_the_best_epoch():
+    examples = [(p, c) for p, c, _ in PAIRS]
+    model, tok = _tiny_roles()
+    before = malt.adapter_state(model, "generator")
+    frozen = dpo.PreferenceConfig(lr=0.0, epochs=2, batch_size=2, seed=0)
+    rows = dpo.train_sft(model, tok, examples, frozen, adapter_name="generator", progress=False, validation=examples)
+    assert rows[-1]["best_epoch"] == 0 and len(rows[-1]["val_curve"]) == 3     # nothing learned: epoch 0 kept
+    after = malt.adapter_state(model, "generator")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    learn = dpo.PreferenceConfig(lr=5e-3, epochs=3, batch_size=2, seed=0)
+    rows = dpo.train_sft(model, tok, examples, learn, adapter_name="generator", progress=False, validation=examples)
+    curve = rows[-1]["val_curve"]
+    assert rows[-1]["best_epoch"] == int(np.argmin(curve)) > 0 and min(curve) < curve[0]
+    assert "val_loss" in rows[1] and rows[1]["val_loss"] == pytest.approx(curve[1])   # 2 steps per epoch
+    assert dpo.sft_validation_loss(model, tok, examples, learn) == pytest.approx(min(curve), abs=1e-5)
+
+
+def test_dpo_held_out_check_starts_at_log2_against_the_sft_reference():
+    model, tok = _tiny_roles()
+    cfg = dpo.PreferenceConfig(lr=5e-3, epochs=2, batch_size=4, beta=0.5, seed=0)
+    rows = dpo.train_dpo(model, tok, PAIRS, cfg, "verifier", progress=False, reference="initial", validation=PAIRS)
+    curve = rows[-1]["val_curve"]
+    assert curve[0] == pytest.approx(math.log(2), abs=1e-5) and min(curve) < curve[0] and rows[-1]["best_epoch"] > 0
+
+
+def _logs(curves):
+    return {r: {"sft": [{"loss": 1.0, "val_curve": c}] if c else [], "dpo": [{"loss": 0.7, "val_curve": c}] if c else []}
+            for r, c in zip(malt.ROLES, curves)}
+
+
+def _with_text(rows, text):
+    return [{**r, "g": text, "r": text} for r in rows]
+
+
+def test_health_checks_learning_accuracy_and_length():
+    base = _with_text(ROWS["base"], "x" * 20)
+    good = malt_eval.health(_with_text(ROWS["dpo"], "y" * 20), base, _logs([[1.0, 0.8], None, [0.7, 0.9]]), "dpo")
+    assert good["healthy"] and good["validation_fell"] == {"generator": True, "refiner": False}
+    still = malt_eval.health(_with_text(ROWS["dpo"], "y" * 20), base, _logs([[1.0, 1.2], [0.5], None]), "dpo")
+    assert still["failed"] == ["learned"]
+    short = malt_eval.health(_with_text(ROWS["dpo"], "y" * 5), base, _logs([[1.0, 0.8], None, None]), "sft")
+    assert short["failed"] == ["length_ok"] and short["length_ratio"] == pytest.approx(0.25)
+    worse = malt_eval.health(_with_text(ROWS["dpo_local"], "y" * 20), _with_text(ROWS["sft"], "x" * 20),
+                        _logs([[1.0, 0.8], None, None]), "dpo")       # 0 of 2 right vs a base of 1 of 2
+    assert worse["failed"] == ["accuracy_ok"] and worse["base_accuracy_low"] == stats.proportion_ci(1, 2)[1] > 0
+
+
+def test_arm_records_and_comparison_basis():
+    rows = {k: _with_text(v, "z" * 10) for k, v in ROWS.items()}
+    logs = _logs([[1.0, 0.8], [1.0, 0.9], [1.0, 0.95]])
+    sets = {p: ({r: ["s"] * 2 for r in malt.ROLES}, {r: ["p"] * 3 for r in malt.ROLES}) for p in malt.POOLINGS}
+    arms = malt_eval.arm_records(rows, {"sft": (logs, "global"), "dpo": (logs, "global"), "dpo_local": (logs, "local")}, sets)
+    by = {a["arm"]: a for a in arms}
+    assert list(by) == list(malt_eval.ARM_VARIANTS)
+    assert all({"arm", "steps", "samples", "n_eval", "accuracy", "interval", "healthy"} <= set(a) for a in arms)
+    assert by["base generator"]["steps"] == 0 and by["base generator"]["samples"] == 0
+    assert by["after SFT"]["steps"] == 3 and by["after SFT"]["samples"] == 6
+    assert by["MALT (global pooling)"]["steps"] == 6 and by["MALT (global pooling)"]["samples"] == 15
+    d = {"ci95": [0.1, 0.3]}
+    assert malt_eval.comparison_basis(d, ["MALT (global pooling)"], arms) == {"interval": [0.1, 0.3]}
+    failed = [{**a, "healthy": False, "failed_checks": ["learned"]} if a["arm"] == "after SFT" else a for a in arms]
+    basis = malt_eval.comparison_basis(d, ["MALT (global pooling)", "after SFT"], failed)
+    assert list(basis) == ["not_tested"] and "after SFT (learned)" in basis["not_tested"]
+
+
+def test_sampling_copy_names_its_parameter():
+    model, _ = _tiny_roles()
+    assert malt.sampling_copy(model, "float32") is None
+    with pytest.raises(ValueError, match="rollout_dtype"):
+        malt.sampling_copy(model, "float16")
