@@ -1,4 +1,8 @@
-"""The HTML report's parts without a browser: widget outputs as text, the marked ledger, MathJax in the folder."""
+"""The HTML report's parts without a browser: widget outputs as text, the marked ledger, MathJax in the folder;
+and the committed figures match their index."""
+import re
+from pathlib import Path
+
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
@@ -42,3 +46,14 @@ def test_mathjax_is_copied_into_the_report_folder_once(tmp_path):
     (target / "MathJax.js").write_text("kept")
     report.install_mathjax(tmp_path)  # already there: not copied again
     assert (target / "MathJax.js").read_text() == "kept"
+
+
+def test_every_committed_figure_is_in_the_index():
+    """A figure the notebooks no longer make (renamed or dropped) must leave figures/ with the run that drops it:
+    the index lists exactly the committed figures."""
+    folder = Path(__file__).resolve().parents[1] / "figures"
+    index = (folder / "README.md").read_text()
+    listed = set(re.findall(r"\]\(([\w.-]+)\.png\)", index))
+    files = {p.stem for p in folder.glob("*.png")}
+    assert files == listed, f"not in the index: {sorted(files - listed)}; in the index, no file: {sorted(listed - files)}"
+    assert {p.stem for p in folder.glob("*.pdf")} == files
