@@ -48,7 +48,7 @@ bench: $(STAMP)
 
 ## lock: resolve requirements.lock again from pyproject.toml's pins, for Python 3.11-3.13 (needs uv: pip install uv)
 lock:
-	uv pip compile pyproject.toml --extra test --universal --python-version 3.11 \
+	uv pip compile pyproject.toml --extra test --extra scale --universal --python-version 3.11 \
 		$(addprefix --no-emit-package ,$(CUDA_ONLY)) -o $(LOCK)
 
 clean-runs:
