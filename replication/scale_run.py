@@ -1,0 +1,203 @@
+"""`python -m replication train <method> --config <yaml>`: one method on TRL's GRPOTrainer, the same command on one
+CPU process and under `accelerate launch` (data parallel, DeepSpeed ZeRO-3, vLLM through the `trl:` settings).
+
+A config (configs/paper/*.yaml, configs/tiny/*.yaml) has these sections, each checked by name:
+  model (a known name, a local checkpoint folder, a hub id, or "tiny" for the tests' random model), seed, output_dir,
+  resume (true: carry on from the last checkpoint in output_dir, the reward's or filter's state included);
+  data: the training prompts (elo-evolve: level, n_train, shots; rlpr: n_arithmetic, n_factual, level, shots);
+  lora: r, alpha;
+  trl: any field of trl.GRPOConfig (batch, num_generations, learning_rate, beta, max_completion_length, use_vllm,
+       vllm_mode, deepspeed, save_steps, ...), passed as is;
+  elo-evolve: judge (quality | likelihood), judge_shots, opponents ({name: [temperature, best of, shots]}),
+       pool_tokens, temperature, k, update_rule, start_rating, length_margin;
+  rlpr: baseline (initial: r' from the initial policy, cached before training, as the authors' code | policy),
+       format_weight, aggregation, filter (beta, ratio, warmup_start, warmup_end; null: no filter).
+Every process ends by writing rank<k>.json in output_dir: the problems it saw, its adapter's digest and the state of
+its reward or filter (so a run can be checked for agreement across processes).
+"""
+import argparse
+import dataclasses
+import hashlib
+import sys
+from pathlib import Path
+
+import yaml
+
+from . import answers, config, elo, evolve, files, models, rlpr, rlpr_training, scale, tasks
+
+METHODS = ("elo-evolve", "rlpr")
+SECTIONS = {"model", "seed", "output_dir", "resume", "data", "lora", "trl", "elo-evolve", "rlpr"}
+DEFAULTS = {
+    "elo-evolve": {"judge": "quality", "judge_shots": 0, "opponents": {"weak": [1.0, 1], "strong": [0.7, 4]},
+                   "pool_tokens": 32, "temperature": 200.0, "k": 32.0, "update_rule": "mean", "start_rating": 1350.0,
+                   "length_margin": 60},
+    "rlpr": {"baseline": "initial", "format_weight": 0.1, "aggregation": "mean",
+             "filter": {"beta": 0.5, "ratio": 0.99, "warmup_start": 5, "warmup_end": 10}},
+}
+DATA = {"elo-evolve": {"level": "1d-1step-add", "n_train": 64, "shots": 0},
+        "rlpr": {"n_arithmetic": 64, "n_factual": 0, "level": "1d-1step-add", "shots": 0}}
+
+
+def read_config(method: str, path) -> dict:
+    """The config file merged over the defaults, every key checked against the allowed names."""
+    config.check_choice("method", method, METHODS)
+    cfg = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(cfg, dict):
+        raise ValueError(f"config {path}: the file must hold a mapping of sections")
+    for key in cfg:
+        config.check_choice("config section", key, tuple(sorted(SECTIONS)))
+    out = {"model": "smollm2-135m-instruct", "seed": 0, "output_dir": f"runs/scale/{method}", "resume": False,
+           "lora": {"r": 16, "alpha": 32}, "trl": {}, **{k: v for k, v in cfg.items() if k not in ("data", method)}}
+    for section, defaults in (("data", DATA[method]), (method, DEFAULTS[method])):
+        given = cfg.get(section) or {}
+        for key in given:
+            config.check_choice(f"{section}.{key}", key, tuple(defaults))
+        out[section] = {**defaults, **given}
+    config.check_int("seed", out["seed"], minimum=0)
+    return out
+
+
+def grpo_args(cfg: dict):
+    """trl.GRPOConfig from the trl section, with the run's output_dir and seed; an unknown field is named."""
+    from trl import GRPOConfig
+
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    for key in cfg["trl"]:
+        if key not in fields or key in ("output_dir", "seed"):
+            raise ValueError(f"trl.{key} is not allowed; use a field of trl.GRPOConfig other than output_dir and seed "
+                             "(those are top-level settings)")
+    return GRPOConfig(**{"report_to": "none", "logging_steps": 1, "save_strategy": "steps", "loss_type": "grpo",
+                         **cfg["trl"], "output_dir": cfg["output_dir"], "seed": cfg["seed"]})
+
+
+def load(cfg: dict):
+    """(model, tokenizer) of the config's model; "tiny" is the tests' random model seeded by the run's seed."""
+    return models.tiny_model(seed=cfg["seed"]) if cfg["model"] == "tiny" else models.load_model(cfg["model"])
+
+
+def lora_config(cfg: dict):
+    from peft import LoraConfig
+
+    config.check_int("lora.r", cfg["lora"]["r"])
+    return LoraConfig(r=cfg["lora"]["r"], lora_alpha=cfg["lora"]["alpha"], target_modules=list(models.LORA_TARGETS),
+                      task_type="CAUSAL_LM")
+
+
+def elo_pieces(cfg: dict, tok, base):
+    """(dataset, reward, parts to checkpoint) for Elo-Evolve: the opponents' responses from the base model before
+    its adapter is attached (evolve.build_pool) and their ratings fitted to the judge's round robin with the policy
+    at start anchored at start_rating, as notebook 02 does. The likelihood judge scores with a frozen copy."""
+    from datasets import Dataset
+
+    e, d, seed = cfg["elo-evolve"], cfg["data"], cfg["seed"]
+    config.check_choice("elo-evolve.judge", e["judge"], ("quality", "likelihood"))
+    problems = tasks.make_level(d["level"], d["n_train"], seed=seed)
+    shots = tasks.worked_examples(d["level"], d["shots"], seed) if d["shots"] else []
+    judge = evolve.QualityJudge() if e["judge"] == "quality" else \
+        evolve.LikelihoodJudge(load(cfg)[0], tok, tasks.worked_examples(d["level"], e["judge_shots"], seed) if e["judge_shots"] else [])
+    temperature = cfg["trl"].get("temperature", 1.0)
+    specs = evolve.opponent_specs(e["opponents"], temperature, d["shots"])
+    pool = evolve.build_pool(base, tok, problems, specs, e["pool_tokens"], seed, level=d["level"], progress=False)
+    names = list(pool)
+    ratings = elo.fit_ratings(evolve.win_matrix(judge, problems, pool), anchor=names.index(evolve.START_PLAYER),
+                              anchor_rating=e["start_rating"])
+    reward = scale.EloReward(judge, pool, ratings, e["temperature"], e["k"], e["update_rule"], e["start_rating"],
+                               e["length_margin"], seed)
+    ds = Dataset.from_dict({"prompt": [scale.chat(p.chat(shots)) for p in problems], "index": list(range(len(problems))),
+                            "question": [p.question for p in problems], "answer": [p.answer for p in problems]})
+    return ds, reward, {"elo": reward}
+
+
+def rlpr_pieces(cfg: dict, tok, policy_base):
+    """(dataset, reward, filter) for RLPR: the question set of notebook 03 (answers.make_questions), r' from the
+    initial policy when baseline is "initial"."""
+    from datasets import Dataset
+
+    r, d, seed = cfg["rlpr"], cfg["data"], cfg["seed"]
+    config.check_choice("rlpr.baseline", r["baseline"], ("initial", "policy"))
+    qs = [q for q in answers.make_questions(d["n_arithmetic"], d["n_factual"], seed=seed, level=d["level"])
+          if q.split == "train"]
+    shots = tasks.worked_examples(d["level"], d["shots"], seed) if d["shots"] else []
+    temperature = cfg["trl"].get("temperature", 1.0)
+    baseline = "policy"
+    if r["baseline"] == "initial":
+        probs = rlpr.baseline_probs(policy_base, tok, [q.chat(shots) for q in qs], [q.reference for q in qs],
+                                    temperature=temperature)
+        baseline = {q.id: p for q, p in zip(qs, probs)}
+    reward = rlpr.Reward(None, tok, "probability", r["aggregation"], baseline, r["format_weight"], temperature)
+    f = r["filter"]
+    filt = None if f is None else rlpr_training.StdFilter(f["beta"], f["ratio"], f["warmup_start"], f["warmup_end"])
+    ds = Dataset.from_dict({"prompt": [scale.chat(q.chat(shots)) for q in qs], "id": [q.id for q in qs],
+                            "reference": [q.reference for q in qs], "aliases": [list(q.aliases) for q in qs],
+                            "value": [q.value for q in qs]})
+    return ds, scale.RLPRReward(reward), filt
+
+
+def build(method: str, cfg: dict):
+    """The TRL trainer of one method and the parts whose state goes into its checkpoints."""
+    import torch
+
+    config.set_seed(cfg["seed"])
+    model, tok = load(cfg)
+    args = grpo_args(cfg)
+    if method == "elo-evolve":
+        ds, reward, parts = elo_pieces(cfg, tok, model)
+        trainer_cls, extra = scale.GRPOTrainer, {}
+    else:
+        ds, reward, filt = rlpr_pieces(cfg, tok, model)
+        trainer_cls, extra = scale.RLPRTrainer, {"std_filter": filt}
+    torch.manual_seed(config.derive_seed(cfg["seed"], "scale-lora"))
+    trainer = trainer_cls(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
+                          peft_config=lora_config(cfg), **extra)
+    parts = parts if method == "elo-evolve" else {"rlpr": trainer}
+    trainer.add_callback(scale.SaveState(**parts))
+    return trainer, reward, parts
+
+
+def adapter_digest(model) -> str:
+    """sha256 of the trainable weights (names and bytes, in name order)."""
+    h = hashlib.sha256()
+    for name, p in sorted((n, p) for n, p in model.named_parameters() if p.requires_grad):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def train(method: str, config_path) -> dict:
+    """Build, resume if asked, train, and write this process's rank<k>.json; returns that record."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    cfg = read_config(method, config_path)
+    trainer, reward, parts = build(method, cfg)
+    out = Path(cfg["output_dir"])
+    last = get_last_checkpoint(str(out)) if cfg["resume"] and out.is_dir() else None
+    if last is not None:
+        scale.load_state(last, **parts)
+    trainer.train(resume_from_checkpoint=last)
+    import torch.distributed as dist
+
+    state = trainer.accelerator.state
+    record = {"method": method, "process": state.process_index, "processes": state.num_processes,
+              "backend": dist.get_backend() if dist.is_initialized() else None,
+              "steps": trainer.state.global_step, "adapter_sha256": adapter_digest(trainer.model),
+              "seen": getattr(reward, "seen", None), "state": {k: p.state_dict() for k, p in parts.items()},
+              "log": trainer.state.log_history}
+    files.write_json(out / f"rank{state.process_index}.json", record)
+    return record
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m replication train")
+    ap.add_argument("method", help=f"one of {', '.join(METHODS)}")
+    ap.add_argument("--config", required=True, help="a YAML file: configs/paper/<method>.yaml, configs/tiny/...")
+    args = ap.parse_args(argv)
+    try:
+        if not Path(args.config).is_file():
+            raise ValueError(f"--config {args.config!r} is not a file")
+        record = train(args.method, args.config)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"process {record['process']}: {record['steps']} steps, adapter {record['adapter_sha256'][:12]}")
+    return 0
+
