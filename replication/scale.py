@@ -113,7 +113,11 @@ class RLPRReward:
         if self.trainer is not None:
             self.reward.model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         meta = [{"id": q, "reference": r, "aliases": a, "value": v} for q, r, a, v in zip(id, reference, aliases, value)]
-        return self.reward(prompts, texts(completions), meta, log_metric=log_metric, log_extra=log_extra)
+        training = self.reward.model.training  # scoring switches to eval mode; TRL's loss reads the mode after it
+        try:
+            return self.reward(prompts, texts(completions), meta, log_metric=log_metric, log_extra=log_extra)
+        finally:
+            self.reward.model.train(training)
 
 
 class RLPRTrainer(GRPOTrainer):
@@ -129,9 +133,10 @@ class RLPRTrainer(GRPOTrainer):
                 f.trainer = self
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        training = self.model.training
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # every process's
         self.dropped = None
-        if self.std_filter is None or not self.model.training:
+        if self.std_filter is None or not training:
             return rewards
         G = self.num_generations
         stds = rewards.sum(1).view(-1, G).std(1).cpu().numpy()

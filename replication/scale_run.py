@@ -54,6 +54,10 @@ def read_config(method: str, path) -> dict:
             config.check_choice(f"{section}.{key}", key, tuple(defaults))
         out[section] = {**defaults, **given}
     config.check_int("seed", out["seed"], minimum=0)
+    if method == "elo-evolve":
+        config.check_choice("elo-evolve.judge", out[method]["judge"], ("quality", "likelihood"))
+    else:
+        config.check_choice("rlpr.baseline", out[method]["baseline"], ("initial", "policy"))
     return out
 
 
@@ -90,7 +94,6 @@ def elo_pieces(cfg: dict, tok, base):
     from datasets import Dataset
 
     e, d, seed = cfg["elo-evolve"], cfg["data"], cfg["seed"]
-    config.check_choice("elo-evolve.judge", e["judge"], ("quality", "likelihood"))
     problems = tasks.make_level(d["level"], d["n_train"], seed=seed)
     shots = tasks.worked_examples(d["level"], d["shots"], seed) if d["shots"] else []
     judge = evolve.QualityJudge() if e["judge"] == "quality" else \
@@ -114,9 +117,7 @@ def rlpr_pieces(cfg: dict, tok, policy_base):
     from datasets import Dataset
 
     r, d, seed = cfg["rlpr"], cfg["data"], cfg["seed"]
-    config.check_choice("rlpr.baseline", r["baseline"], ("initial", "policy"))
-    qs = [q for q in answers.make_questions(d["n_arithmetic"], d["n_factual"], seed=seed, level=d["level"])
-          if q.split == "train"]
+    qs = answers.make_questions(d["n_arithmetic"], d["n_factual"], seed=seed, level=d["level"], n_heldout=0)["train"]
     shots = tasks.worked_examples(d["level"], d["shots"], seed) if d["shots"] else []
     temperature = cfg["trl"].get("temperature", 1.0)
     baseline = "policy"
