@@ -106,13 +106,14 @@ class RLPRReward:
     __name__ = "rlpr"
 
     def __init__(self, reward: rlpr.Reward):
-        self.reward, self.trainer = reward, None
+        self.reward, self.trainer, self.seen = reward, None, []
 
     def __call__(self, prompts, completions, id, reference, aliases, value, log_metric=None, log_extra=None,
                  **kwargs):
         if self.trainer is not None:
             self.reward.model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         meta = [{"id": q, "reference": r, "aliases": a, "value": v} for q, r, a, v in zip(id, reference, aliases, value)]
+        self.seen.extend(dict.fromkeys(id))
         training = self.reward.model.training  # scoring switches to eval mode; TRL's loss reads the mode after it
         try:
             return self.reward(prompts, texts(completions), meta, log_metric=log_metric, log_extra=log_extra)
