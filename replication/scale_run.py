@@ -3,13 +3,16 @@ CPU process and under `accelerate launch` (data parallel, DeepSpeed ZeRO-3, vLLM
 
 A config (configs/paper/*.yaml, configs/tiny/*.yaml) has these sections, each checked by name:
   model (a known name, a local checkpoint folder, a hub id, or "tiny" for the tests' random model), seed, output_dir,
-  resume (true: carry on from the last checkpoint in output_dir, the reward's or filter's state included);
+  resume (true: carry on from the last checkpoint in output_dir, the reward's or filter's state included).
+`--set section.key=value` overrides one setting (e.g. --set trl.vllm_mode=server).
   data: the training prompts (elo-evolve: level, n_train, shots; rlpr: n_arithmetic, n_factual, level, shots);
   lora: r, alpha;
   trl: any field of trl.GRPOConfig (batch, num_generations, learning_rate, beta, max_completion_length, use_vllm,
        vllm_mode, deepspeed, save_steps, ...), passed as is;
-  elo-evolve: judge (quality | likelihood), judge_shots, opponents ({name: [temperature, best of, shots]}),
-       pool_tokens, temperature, k, update_rule, start_rating, length_margin;
+  elo-evolve: judge (quality | likelihood | llm, with judge_model), judge_shots, the opponent pool: opponents
+       ({name: [temperature, best of, shots]}: sampled from the base model, rated by the judge's round robin) or
+       pool_file (JSON {name: [one cached response per training problem]}) with ratings ({name: Elo}); then
+       temperature, k, update_rule, start_rating, length_margin;
   rlpr: baseline (initial: r' from the initial policy, cached before training, as the authors' code | policy),
        format_weight, aggregation, filter (beta, ratio, warmup_start, warmup_end; null: no filter).
 Every process ends by writing rank<k>.json in output_dir: the problems it saw, its adapter's digest and the state of
@@ -18,6 +21,7 @@ its reward or filter (so a run can be checked for agreement across processes).
 import argparse
 import dataclasses
 import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -26,10 +30,12 @@ import yaml
 from . import answers, config, elo, evolve, files, models, rlpr, rlpr_training, scale, tasks
 
 METHODS = ("elo-evolve", "rlpr")
+JUDGES = ("quality", "likelihood", "llm")
 SECTIONS = {"model", "seed", "output_dir", "resume", "data", "lora", "trl", "elo-evolve", "rlpr"}
 DEFAULTS = {
-    "elo-evolve": {"judge": "quality", "judge_shots": 0, "opponents": {"weak": [1.0, 1], "strong": [0.7, 4]},
-                   "pool_tokens": 32, "temperature": 200.0, "k": 32.0, "update_rule": "mean", "start_rating": 1350.0,
+    "elo-evolve": {"judge": "quality", "judge_shots": 0, "judge_model": None,
+                   "opponents": {"weak": [1.0, 1], "strong": [0.7, 4]}, "pool_tokens": 32, "pool_file": None,
+                   "ratings": None, "temperature": 200.0, "k": 32.0, "update_rule": "mean", "start_rating": 1350.0,
                    "length_margin": 60},
     "rlpr": {"baseline": "initial", "format_weight": 0.1, "aggregation": "mean",
              "filter": {"beta": 0.5, "ratio": 0.99, "warmup_start": 5, "warmup_end": 10}},
@@ -38,12 +44,28 @@ DATA = {"elo-evolve": {"level": "1d-1step-add", "n_train": 64, "shots": 0},
         "rlpr": {"n_arithmetic": 64, "n_factual": 0, "level": "1d-1step-add", "shots": 0}}
 
 
-def read_config(method: str, path) -> dict:
-    """The config file merged over the defaults, every key checked against the allowed names."""
+def override(cfg: dict, item: str) -> None:
+    """Apply one `--set section.key=value` (or `key=value` at the top level; the value read as YAML) to cfg."""
+    if "=" not in item:
+        raise ValueError(f"--set {item!r} is not allowed; write name=value, e.g. trl.vllm_mode=server")
+    name, value = item.split("=", 1)
+    *sections, key = name.split(".")
+    if len(sections) > 1:
+        raise ValueError(f"--set {item!r} is not allowed; a name is key or section.key")
+    where = cfg.setdefault(sections[0], {}) if sections else cfg
+    if not isinstance(where, dict):
+        raise ValueError(f"--set {item!r} is not allowed; {sections[0]} is not a section")
+    where[key] = yaml.safe_load(value)
+
+
+def read_config(method: str, path, sets=()) -> dict:
+    """The config file with the --set overrides, merged over the defaults, every key checked by name."""
     config.check_choice("method", method, METHODS)
     cfg = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(cfg, dict):
         raise ValueError(f"config {path}: the file must hold a mapping of sections")
+    for item in sets:
+        override(cfg, item)
     for key in cfg:
         config.check_choice("config section", key, tuple(sorted(SECTIONS)))
     out = {"model": "smollm2-135m-instruct", "seed": 0, "output_dir": f"runs/scale/{method}", "resume": False,
@@ -54,29 +76,47 @@ def read_config(method: str, path) -> dict:
             config.check_choice(f"{section}.{key}", key, tuple(defaults))
         out[section] = {**defaults, **given}
     config.check_int("seed", out["seed"], minimum=0)
+    check_trl(out["trl"])
     if method == "elo-evolve":
-        config.check_choice("elo-evolve.judge", out[method]["judge"], ("quality", "likelihood"))
+        e = out[method]
+        config.check_choice("elo-evolve.judge", e["judge"], JUDGES)
+        if e["judge"] == "llm" and not e["judge_model"]:
+            raise ValueError("elo-evolve.judge_model=None is not allowed with judge llm; name the judge's checkpoint")
+        if e["pool_file"] and not isinstance(e["ratings"], dict):
+            raise ValueError("elo-evolve.ratings must map each opponent of pool_file to its rating")
     else:
         config.check_choice("rlpr.baseline", out[method]["baseline"], ("initial", "policy"))
     return out
 
 
-def grpo_args(cfg: dict):
-    """trl.GRPOConfig from the trl section, with the run's output_dir and seed; an unknown field is named."""
+def check_trl(section: dict) -> None:
+    """Every key of the trl section is a field of trl.GRPOConfig (output_dir and seed are top-level settings)."""
     from trl import GRPOConfig
 
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-    for key in cfg["trl"]:
+    for key in section:
         if key not in fields or key in ("output_dir", "seed"):
             raise ValueError(f"trl.{key} is not allowed; use a field of trl.GRPOConfig other than output_dir and seed "
                              "(those are top-level settings)")
+
+
+def grpo_args(cfg: dict):
+    """trl.GRPOConfig from the trl section, with the run's output_dir and seed."""
+    from trl import GRPOConfig
+
     return GRPOConfig(**{"report_to": "none", "logging_steps": 1, "save_strategy": "steps", "loss_type": "grpo",
                          **cfg["trl"], "output_dir": cfg["output_dir"], "seed": cfg["seed"]})
 
 
-def load(cfg: dict):
-    """(model, tokenizer) of the config's model; "tiny" is the tests' random model seeded by the run's seed."""
-    return models.tiny_model(seed=cfg["seed"]) if cfg["model"] == "tiny" else models.load_model(cfg["model"])
+def load(cfg: dict, name: str = None):
+    """(model, tokenizer) of the config's model (or `name`), in bf16 when trl.bf16 is set; "tiny" is the tests'
+    random model seeded by the run's seed."""
+    import torch
+
+    name = name or cfg["model"]
+    if name == "tiny":
+        return models.tiny_model(seed=cfg["seed"])
+    return models.load_model(name, dtype=torch.bfloat16 if cfg["trl"].get("bf16") else torch.float32)
 
 
 def lora_config(cfg: dict):
@@ -96,14 +136,25 @@ def elo_pieces(cfg: dict, tok, base):
     e, d, seed = cfg["elo-evolve"], cfg["data"], cfg["seed"]
     problems = tasks.make_level(d["level"], d["n_train"], seed=seed)
     shots = tasks.worked_examples(d["level"], d["shots"], seed) if d["shots"] else []
-    judge = evolve.QualityJudge() if e["judge"] == "quality" else \
-        evolve.LikelihoodJudge(load(cfg)[0], tok, tasks.worked_examples(d["level"], e["judge_shots"], seed) if e["judge_shots"] else [])
-    temperature = cfg["trl"].get("temperature", 1.0)
-    specs = evolve.opponent_specs(e["opponents"], temperature, d["shots"])
-    pool = evolve.build_pool(base, tok, problems, specs, e["pool_tokens"], seed, level=d["level"], progress=False)
-    names = list(pool)
-    ratings = elo.fit_ratings(evolve.win_matrix(judge, problems, pool), anchor=names.index(evolve.START_PLAYER),
-                              anchor_rating=e["start_rating"])
+    if e["judge"] == "quality":
+        judge = evolve.QualityJudge()
+    elif e["judge"] == "likelihood":
+        shots_j = tasks.worked_examples(d["level"], e["judge_shots"], seed) if e["judge_shots"] else []
+        judge = evolve.LikelihoodJudge(load(cfg)[0], tok, shots_j)
+    else:
+        judge = evolve.LLMJudge(*load(cfg, e["judge_model"]))
+    if e["pool_file"]:  # the opponents' cached responses, one per training problem, and their ratings
+        pool = json.loads(Path(e["pool_file"]).read_text())
+        if sorted(pool) != sorted(e["ratings"]) or any(len(r) != len(problems) for r in pool.values()):
+            raise ValueError(f"elo-evolve.pool_file {e['pool_file']} must hold {len(problems)} responses for each "
+                             f"opponent of elo-evolve.ratings ({', '.join(e['ratings'])})")
+        ratings = [float(e["ratings"][n]) for n in pool]
+    else:
+        specs = evolve.opponent_specs(e["opponents"], cfg["trl"].get("temperature", 1.0), d["shots"])
+        pool = evolve.build_pool(base, tok, problems, specs, e["pool_tokens"], seed, level=d["level"], progress=False)
+        names = list(pool)
+        ratings = elo.fit_ratings(evolve.win_matrix(judge, problems, pool), anchor=names.index(evolve.START_PLAYER),
+                                  anchor_rating=e["start_rating"])
     reward = scale.EloReward(judge, pool, ratings, e["temperature"], e["k"], e["update_rule"], e["start_rating"],
                                e["length_margin"], seed)
     ds = Dataset.from_dict({"prompt": [scale.chat(p.chat(shots)) for p in problems], "index": list(range(len(problems))),
@@ -164,11 +215,11 @@ def adapter_digest(model) -> str:
     return h.hexdigest()
 
 
-def train(method: str, config_path) -> dict:
+def train(method: str, config_path, sets=()) -> dict:
     """Build, resume if asked, train, and write this process's rank<k>.json; returns that record."""
     from transformers.trainer_utils import get_last_checkpoint
 
-    cfg = read_config(method, config_path)
+    cfg = read_config(method, config_path, sets)
     trainer, reward, parts = build(method, cfg)
     out = Path(cfg["output_dir"])
     last = get_last_checkpoint(str(out)) if cfg["resume"] and out.is_dir() else None
@@ -191,11 +242,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m replication train")
     ap.add_argument("method", help=f"one of {', '.join(METHODS)}")
     ap.add_argument("--config", required=True, help="a YAML file: configs/paper/<method>.yaml, configs/tiny/...")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one setting of the config (the value read as YAML), e.g. trl.vllm_mode=server")
     args = ap.parse_args(argv)
     try:
         if not Path(args.config).is_file():
             raise ValueError(f"--config {args.config!r} is not a file")
-        record = train(args.method, args.config)
+        record = train(args.method, args.config, args.set)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

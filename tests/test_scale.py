@@ -182,12 +182,29 @@ def test_bad_config_names_the_parameter(tmp_path):
                        ("optimizer: {}", "config section"), ("elo-evolve: {judge: oracle}", "elo-evolve.judge")):
         path.write_text(text)
         with pytest.raises(ValueError, match=name.replace(".", r"\.")):
-            scale_run.grpo_args(scale_run.read_config("elo-evolve", path))
+            scale_run.read_config("elo-evolve", path)
     with pytest.raises(ValueError, match="method"):
         scale_run.read_config("ppo", path)
     path.write_text("rlpr: {baseline: fixed}")
     with pytest.raises(ValueError, match=r"rlpr\.baseline"):
         scale_run.read_config("rlpr", path)
+
+
+@pytest.mark.parametrize("method", ["elo-evolve", "rlpr"])
+def test_paper_configs_hold_the_papers_settings(method, tmp_path):
+    from replication import scale_run
+
+    path = config.ROOT / "configs" / "paper" / f"{method.replace('-', '_')}.yaml"
+    cfg = scale_run.read_config(method, path, ["trl.gradient_accumulation_steps=64"])
+    t = cfg["trl"]
+    assert t["gradient_accumulation_steps"] == 64 and t["num_generations"] == 8 and t["learning_rate"] == 1e-6
+    if method == "elo-evolve":
+        assert (t["beta"], t["max_completion_length"], cfg[method]["k"], cfg[method]["length_margin"]) == (0.001, 4096, 32.0, 300)
+        assert sorted(cfg[method]["ratings"].values()) == [1400, 1700, 2000]
+    else:
+        assert (t["beta"], t["epsilon_high"], cfg[method]["format_weight"], cfg[method]["baseline"]) == (0.0, 0.27, 0.1, "initial")
+    with pytest.raises(ValueError, match="--set"):
+        scale_run.read_config(method, path, ["trl.beta"])
 
 
 def run(cmd, method, out, tmp_path):
