@@ -207,14 +207,16 @@ def test_paper_configs_hold_the_papers_settings(method, tmp_path):
         scale_run.read_config(method, path, ["trl.beta"])
 
 
-def run(cmd, method, out, tmp_path):
-    """Run the train command on the method's tiny config with output_dir `out`; (seconds, rank records)."""
+def run(cmd, method, out, tmp_path, sets=()):
+    """Run the train command on the method's tiny config with output_dir `out` and --set overrides; (seconds,
+    rank records)."""
     name = method.replace("-", "_")
     cfg = (config.ROOT / "configs" / "tiny" / f"{name}.yaml").read_text().replace(f"runs/scale/tiny-{method}", str(out))
     (tmp_path / "tiny.yaml").write_text(cfg)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(config.ROOT)}
     t0 = time.perf_counter()
-    done = subprocess.run(cmd + ["-m", "replication", "train", method, "--config", str(tmp_path / "tiny.yaml")],
+    done = subprocess.run(cmd + ["-m", "replication", "train", method, "--config", str(tmp_path / "tiny.yaml"),
+                                 *[f"--set={x}" for x in sets]],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return time.perf_counter() - t0, [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
@@ -232,6 +234,12 @@ def test_train_command_runs_two_steps_on_one_process(method, tmp_path):
     assert saved[PART[method]] == records[0]["state"][PART[method]]
     if method == "elo-evolve":
         assert records[0]["state"]["elo"]["calls"] == 2
+        # resumed from checkpoint-2 for two more steps: the rating carries on from the checkpoint's
+        _, again = run([sys.executable], method, tmp_path / "one", tmp_path,
+                       ["resume=true", "trl.max_steps=4", "trl.save_steps=4"])
+        assert again[0]["steps"] == 4 and again[0]["state"]["elo"]["calls"] == 4
+        rows = [r for r in again[0]["log"] if "elo/rating" in r]  # the checkpoint's two rows, then two more
+        assert len(rows) == 4 and rows[1]["elo/rating"] == pytest.approx(records[0]["state"]["elo"]["rating"])
     else:
         assert records[0]["state"]["rlpr"]["filter"]["ema"] is not None
 
