@@ -140,7 +140,8 @@ class RLPRTrainer(GRPOTrainer):
         if self.std_filter is None or not training:
             return rewards
         G = self.num_generations
-        stds = rewards.sum(1).view(-1, G).std(1).cpu().numpy()
+        total = (rewards * self.reward_weights.to(rewards.device)).nansum(1)  # TRL's sum over reward functions
+        stds = total.view(-1, G).std(1).cpu().numpy()
         threshold = self.std_filter.threshold
         keep = self.std_filter.keep(stds)
         self.std_filter.observe(self.state.global_step, float(stds.mean()))

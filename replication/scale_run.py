@@ -3,8 +3,7 @@ CPU process and under `accelerate launch` (data parallel, DeepSpeed ZeRO-3, vLLM
 
 A config (configs/paper/*.yaml, configs/tiny/*.yaml) has these sections, each checked by name:
   model (a known name, a local checkpoint folder, a hub id, or "tiny" for the tests' random model), seed, output_dir,
-  resume (true: carry on from the last checkpoint in output_dir, the reward's or filter's state included).
-`--set section.key=value` overrides one setting (e.g. --set trl.vllm_mode=server).
+  resume (true: carry on from the last checkpoint in output_dir, the reward's or filter's state included);
   data: the training prompts (elo-evolve: level, n_train, shots; rlpr: n_arithmetic, n_factual, level, shots);
   lora: r, alpha;
   trl: any field of trl.GRPOConfig (batch, num_generations, learning_rate, beta, max_completion_length, use_vllm,
@@ -15,6 +14,7 @@ A config (configs/paper/*.yaml, configs/tiny/*.yaml) has these sections, each ch
        temperature, k, update_rule, start_rating, length_margin;
   rlpr: baseline (initial: r' from the initial policy, cached before training, as the authors' code | policy),
        format_weight, aggregation, filter (beta, ratio, warmup_start, warmup_end; null: no filter).
+`--set section.key=value` overrides one setting (e.g. --set trl.vllm_mode=server).
 Every process ends by writing rank<k>.json in output_dir: the problems it saw, its adapter's digest and the state of
 its reward or filter (so a run can be checked for agreement across processes).
 """
@@ -31,7 +31,8 @@ from . import answers, config, elo, evolve, files, models, rlpr, rlpr_training, 
 
 METHODS = ("elo-evolve", "rlpr")
 JUDGES = ("quality", "likelihood", "llm")
-SECTIONS = {"model", "seed", "output_dir", "resume", "data", "lora", "trl", "elo-evolve", "rlpr"}
+SECTIONS = ("model", "seed", "output_dir", "resume", "data", "lora", "trl")  # and the method's own
+LORA = {"r": 16, "alpha": 32}
 DEFAULTS = {
     "elo-evolve": {"judge": "quality", "judge_shots": 0, "judge_model": None,
                    "opponents": {"weak": [1.0, 1], "strong": [0.7, 4]}, "pool_tokens": 32, "pool_file": None,
@@ -67,10 +68,10 @@ def read_config(method: str, path, sets=()) -> dict:
     for item in sets:
         override(cfg, item)
     for key in cfg:
-        config.check_choice("config section", key, tuple(sorted(SECTIONS)))
+        config.check_choice("config section", key, SECTIONS + (method,))
     out = {"model": "smollm2-135m-instruct", "seed": 0, "output_dir": f"runs/scale/{method}", "resume": False,
-           "lora": {"r": 16, "alpha": 32}, "trl": {}, **{k: v for k, v in cfg.items() if k not in ("data", method)}}
-    for section, defaults in (("data", DATA[method]), (method, DEFAULTS[method])):
+           "trl": {}, **{k: v for k, v in cfg.items() if k not in ("data", "lora", method)}}
+    for section, defaults in (("data", DATA[method]), ("lora", LORA), (method, DEFAULTS[method])):
         given = cfg.get(section) or {}
         for key in given:
             config.check_choice(f"{section}.{key}", key, tuple(defaults))
@@ -120,6 +121,7 @@ def load(cfg: dict, name: str = None):
 
 
 def lora_config(cfg: dict):
+    """The LoRA adapter TRL attaches (peft_config): rank r, alpha, on the workbook's target projections."""
     from peft import LoraConfig
 
     config.check_int("lora.r", cfg["lora"]["r"])
@@ -162,7 +164,7 @@ def elo_pieces(cfg: dict, tok, base):
     return ds, reward, {"elo": reward}
 
 
-def rlpr_pieces(cfg: dict, tok, policy_base):
+def rlpr_pieces(cfg: dict, tok, model):
     """(dataset, reward, filter) for RLPR: the question set of notebook 03 (answers.make_questions), r' from the
     initial policy when baseline is "initial"."""
     from datasets import Dataset
@@ -173,7 +175,7 @@ def rlpr_pieces(cfg: dict, tok, policy_base):
     temperature = cfg["trl"].get("temperature", 1.0)
     baseline = "policy"
     if r["baseline"] == "initial":
-        probs = rlpr.baseline_probs(policy_base, tok, [q.chat(shots) for q in qs], [q.reference for q in qs],
+        probs = rlpr.baseline_probs(model, tok, [q.chat(shots) for q in qs], [q.reference for q in qs],
                                     temperature=temperature)
         baseline = {q.id: p for q, p in zip(qs, probs)}
     reward = rlpr.Reward(None, tok, "probability", r["aggregation"], baseline, r["format_weight"], temperature)
@@ -188,13 +190,14 @@ def rlpr_pieces(cfg: dict, tok, policy_base):
 def build(method: str, cfg: dict):
     """The TRL trainer of one method and the parts whose state goes into its checkpoints."""
     import torch
+    from trl import GRPOTrainer
 
     config.set_seed(cfg["seed"])
     model, tok = load(cfg)
     args = grpo_args(cfg)
     if method == "elo-evolve":
         ds, reward, parts = elo_pieces(cfg, tok, model)
-        trainer_cls, extra = scale.GRPOTrainer, {}
+        trainer_cls, extra = GRPOTrainer, {}
     else:
         ds, reward, filt = rlpr_pieces(cfg, tok, model)
         trainer_cls, extra = scale.RLPRTrainer, {"std_filter": filt}
@@ -217,6 +220,7 @@ def adapter_digest(model) -> str:
 
 def train(method: str, config_path, sets=()) -> dict:
     """Build, resume if asked, train, and write this process's rank<k>.json; returns that record."""
+    import torch.distributed as dist
     from transformers.trainer_utils import get_last_checkpoint
 
     cfg = read_config(method, config_path, sets)
@@ -226,8 +230,6 @@ def train(method: str, config_path, sets=()) -> dict:
     if last is not None:
         scale.load_state(last, **parts)
     trainer.train(resume_from_checkpoint=last)
-    import torch.distributed as dist
-
     state = trainer.accelerator.state
     record = {"method": method, "process": state.process_index, "processes": state.num_processes,
               "backend": dist.get_backend() if dist.is_initialized() else None,

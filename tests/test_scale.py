@@ -179,7 +179,8 @@ def test_bad_config_names_the_parameter(tmp_path):
 
     path = tmp_path / "c.yaml"
     for text, name in (("trl: {learning_rat: 1.0}", "trl.learning_rat"), ("elo-evolve: {temp: 1}", "elo-evolve.temp"),
-                       ("optimizer: {}", "config section"), ("elo-evolve: {judge: oracle}", "elo-evolve.judge")):
+                       ("optimizer: {}", "config section"), ("rlpr: {}", "config section"),
+                       ("lora: {rank: 8}", "lora.rank"), ("elo-evolve: {judge: oracle}", "elo-evolve.judge")):
         path.write_text(text)
         with pytest.raises(ValueError, match=name.replace(".", r"\.")):
             scale_run.read_config("elo-evolve", path)
