@@ -29,13 +29,13 @@ def same_length(items, key, n):
     return out
 
 
-def trainer_for(reward, ds, loss_type="grpo", beta=0.04, cls=None, **kw):
+def trainer_for(reward, ds, out, loss_type="grpo", beta=0.04, cls=None, **kw):
     """A TRL trainer on the tiny model, its LoRA weights moved off zero (so the policy differs from the reference)."""
     from datasets import Dataset
     from peft import LoraConfig
 
     model, tok = models.tiny_model(seed=SEED)
-    args = trl.GRPOConfig(output_dir="/tmp/unused-scale-test", per_device_train_batch_size=len(ds["prompt"]) * G,
+    args = trl.GRPOConfig(output_dir=str(out), per_device_train_batch_size=len(ds["prompt"]) * G,
                           num_generations=G, max_completion_length=TOKENS, beta=beta, loss_type=loss_type,
                           learning_rate=1e-3, temperature=1.0, use_cpu=True, report_to="none", seed=SEED,
                           save_strategy="no", disable_tqdm=True, bf16=False)
@@ -86,9 +86,9 @@ def elo_setup():
     return problems, pool, ratings, reward, ds
 
 
-def test_elo_evolve_rewards_advantages_loss_and_rating_match_the_workbook():
+def test_elo_evolve_rewards_advantages_loss_and_rating_match_the_workbook(tmp_path):
     problems, pool, ratings, reward, ds = elo_setup()
-    trainer, tok = trainer_for(reward, ds)
+    trainer, tok = trainer_for(reward, ds, tmp_path)
     out, texts, loss = one_batch(trainer, ds)
     got = torch.tensor(trainer._logs["rewards"]["elo_evolve"])
     opponents = list(trainer._logs["extra"]["opponent"])
@@ -139,12 +139,12 @@ def rlpr_setup(model, tok):
 
 
 @pytest.mark.parametrize("drop", [False, True])
-def test_rlpr_rewards_filter_advantages_and_loss_match_the_workbook(drop):
+def test_rlpr_rewards_filter_advantages_and_loss_match_the_workbook(drop, tmp_path):
     model, tok = models.tiny_model(seed=SEED)
     qs, table, ds = rlpr_setup(model, tok)
     reward = rlpr.Reward(None, tok, "probability", baseline=table, format_weight=0.1)
     filt = rlpr_training.StdFilter(beta=0.5, ratio=0.99, warmup_start=0, warmup_end=1)
-    trainer, _ = trainer_for(scale.RLPRReward(reward), ds, loss_type="bnpo", cls=scale.RLPRTrainer, std_filter=filt)
+    trainer, _ = trainer_for(scale.RLPRReward(reward), ds, tmp_path, loss_type="bnpo", cls=scale.RLPRTrainer, std_filter=filt)
     # the tiny random model never states an answer (reward 0): its decoded replies end with one, in both paths
     decode = trainer.processing_class.batch_decode
     trainer.processing_class.batch_decode = lambda *a, **k: [t + " The answer is 5." for t in decode(*a, **k)]
