@@ -104,7 +104,7 @@ def test_elo_evolve_rewards_advantages_loss_and_rating_match_the_workbook(tmp_pa
     assert adv.abs().sum() > 0
     assert torch.allclose(out["advantages"], adv, atol=1e-6, rtol=0)
     ours = workbook_loss(trainer, out, adv)
-    assert abs(float(loss.detach()) - float(ours.detach())) < 1e-6 and abs(float(loss)) > 1e-4
+    assert abs(float(loss.detach()) - float(ours.detach())) < 1e-6 and abs(float(loss.detach())) > 1e-4
     # one rating update over the step's matches, as evolve.train makes it
     opp_r = np.array(ratings)[[list(pool).index(o) for o in opponents]]
     assert reward.rating == pytest.approx(elo.update(1350.0, want.numpy(), opp_r, 32.0, "mean"), abs=1e-9)
@@ -170,7 +170,7 @@ def test_rlpr_rewards_filter_advantages_and_loss_match_the_workbook(drop, tmp_pa
     assert torch.allclose(out["advantages"][rows], adv, atol=1e-6, rtol=0) and (out["advantages"][~rows] == 0).all()
     assert (out["completion_mask"][~rows] == 0).all()
     ours = workbook_loss(trainer, out, adv, rows=rows, loss_type="bnpo")
-    assert abs(float(loss.detach()) - float(ours.detach())) < 1e-6 and abs(float(loss)) > 1e-4
+    assert abs(float(loss.detach()) - float(ours.detach())) < 1e-6 and abs(float(loss.detach())) > 1e-4
     assert filt.ema is not None and trainer.state_dict()["filter"]["ema"] == filt.ema
 
 
