@@ -230,9 +230,10 @@ def load_adapter_state(model, role, state) -> None:
     set_peft_model_state_dict(model, state, adapter_name=role)
 
 
-def train_dpo_sft_reference(model, tok, pairs, cfg: dpo.PreferenceConfig, adapter_name, progress=False) -> list:
+def train_dpo_sft_reference(model, tok, pairs, cfg: dpo.PreferenceConfig, adapter_name, progress=False,
+                            validation=None) -> list:
     """DPO whose reference is the adapter as it is now (the SFT policy)."""
-    return dpo.train_dpo(model, tok, pairs, cfg, adapter_name, progress, reference="initial")
+    return dpo.train_dpo(model, tok, pairs, cfg, adapter_name, progress, reference="initial", validation=validation)
 
 
 def train_role(model, tok, role, sft, pairs, sft_cfg, dpo_cfg, reference="sft", stage="both", validation=None) -> dict:
@@ -246,8 +247,9 @@ def train_role(model, tok, role, sft, pairs, sft_cfg, dpo_cfg, reference="sft", 
     if stage in ("sft", "both") and sft:
         logs["sft"] = dpo.train_sft(model, tok, sft, sft_cfg, adapter_name=role, progress=False, validation=val_sft or None)
     if stage in ("dpo", "both") and pairs:
-        logs["dpo"] = dpo.train_dpo(model, tok, pairs, dpo_cfg, adapter_name=role, progress=False,
-                                    reference="initial" if reference == "sft" else "base", validation=val_pairs or None)
+        logs["dpo"] = (train_dpo_sft_reference(model, tok, pairs, dpo_cfg, role, validation=val_pairs or None)
+                       if reference == "sft" else
+                       dpo.train_dpo(model, tok, pairs, dpo_cfg, adapter_name=role, progress=False, validation=val_pairs or None))
     return logs
 
 

@@ -65,6 +65,24 @@ def test_finished_run_is_skipped(tmp_path):
     assert folder.done and make_trainer().train(sampler, 2, folder, progress=False) == rows
 
 
+def assert_grouped_matches_plain(model, p_ids, p_mask, c_ids, c_mask, group_size):
+    """The GRPO loss and LoRA gradient through grouped_logps equal the plain pass's (fp32, 1e-5), and are not zero."""
+    adv = torch.randn(len(c_ids))
+
+    def loss_and_grad(fn):
+        model.zero_grad()
+        logps = fn(model, p_ids, p_mask, c_ids, c_mask)
+        loss, _ = grpo.grpo_loss(logps, logps.detach(), logps.detach() - 0.1, adv, c_mask, beta=0.04)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in training.trainable(model).items()}
+
+    plain = loss_and_grad(lambda *a: training.completion_logps(*a, temperature=0.7))
+    shared = loss_and_grad(lambda *a: training.grouped_logps(*a, group_size=group_size, temperature=0.7))
+    assert torch.allclose(plain[0], shared[0], atol=1e-5)
+    assert all(torch.allclose(plain[1][k], shared[1][k], atol=1e-5) for k in plain[1])
+    assert max(g.abs().max() for g in plain[1].values()) > 1e-3  # the gradient is not trivially zero
+
+
 def test_a_shared_leading_run_is_encoded_once_with_the_plain_loss_and_gradient():
     """Prompts led by the same worked examples (chat turns) share their leading run: models.encode_prompts encodes it once,
     and grouped_logps still gives completion_logps' loss and LoRA gradient (fp32, 1e-5); prompts of different
@@ -80,20 +98,7 @@ def test_a_shared_leading_run_is_encoded_once_with_the_plain_loss_and_gradient()
     p_ids, p_mask, c_ids, c_mask = models.sample(model, tok, texts, 8, 1.0, repeats=3)
     c_mask[2, 2:] = 0
     assert models.common_prefix(p_ids[::3], p_mask[::3]) >= 32  # the shared path is the one tested
-    adv = torch.randn(len(c_ids))
-
-    def loss_and_grad(fn):
-        model.zero_grad()
-        logps = fn(model, p_ids, p_mask, c_ids, c_mask)
-        loss, _ = grpo.grpo_loss(logps, logps.detach(), logps.detach() - 0.1, adv, c_mask, beta=0.04)
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in training.trainable(model).items()}
-
-    plain = loss_and_grad(lambda *a: training.completion_logps(*a, temperature=0.7))
-    shared = loss_and_grad(lambda *a: training.grouped_logps(*a, group_size=3, temperature=0.7))
-    assert torch.allclose(plain[0], shared[0], atol=1e-5)
-    assert all(torch.allclose(plain[1][k], shared[1][k], atol=1e-5) for k in plain[1])
-    assert max(g.abs().max() for g in plain[1].values()) > 1e-3
+    assert_grouped_matches_plain(model, p_ids, p_mask, c_ids, c_mask, group_size=3)
 
 
 def test_common_prefix_ignores_left_padding():
@@ -162,20 +167,7 @@ def test_prompt_sharing_gives_the_plain_loss_and_gradient():
     p_ids, p_mask, c_ids, c_mask = models.sample(model, tok, texts, 10, 1.0, repeats=4)
     c_mask[1, 3:] = 0  # replies of different lengths, as after an early EOS
     c_mask[6, 1:] = 0
-    adv = torch.randn(len(c_ids))
-
-    def loss_and_grad(fn):
-        model.zero_grad()
-        logps = fn(model, p_ids, p_mask, c_ids, c_mask)
-        loss, _ = grpo.grpo_loss(logps, logps.detach(), logps.detach() - 0.1, adv, c_mask, beta=0.04)
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in training.trainable(model).items()}
-
-    plain = loss_and_grad(lambda *a: training.completion_logps(*a, temperature=0.7))
-    shared = loss_and_grad(lambda *a: training.grouped_logps(*a, group_size=4, temperature=0.7))
-    assert torch.allclose(plain[0], shared[0], atol=1e-5)
-    assert all(torch.allclose(plain[1][k], shared[1][k], atol=1e-5) for k in plain[1])
-    assert max(g.abs().max() for g in plain[1].values()) > 1e-3  # the gradient is not trivially zero
+    assert_grouped_matches_plain(model, p_ids, p_mask, c_ids, c_mask, group_size=4)
 
 
 @pytest.mark.parametrize("overrides, message", [
