@@ -194,8 +194,18 @@ def _generate(model, tok, prompts, max_new_tokens, temperature, prefill="", repe
 def judge_replies(model, tok, prompts, cfg: "MAEConfig"):
     """The model's judgments: sampled with the turn opened by `<score>`; "texts" hold the prefill and what followed
     (what mae_scores reads and the format reward checks)."""
-    gen = _generate(model, tok, prompts, cfg.judge_tokens, cfg.temperature, SCORE_PREFILL)
+    return _judged(sampler(model, tok, cfg), prompts, cfg)
+
+
+def _judged(generate, prompts, cfg: "MAEConfig"):
+    gen = generate(prompts, cfg.judge_tokens, SCORE_PREFILL)
     return {**gen, "texts": [SCORE_PREFILL + t for t in gen["texts"]]}
+
+
+def sampler(model, tok, cfg: "MAEConfig"):
+    """The loop's generate(prompts, max_new_tokens, prefill="", repeats=1) on the model itself (_generate)."""
+    return lambda prompts, tokens, prefill="", repeats=1: _generate(model, tok, prompts, tokens, cfg.temperature, prefill,
+                                                                    repeats=repeats)
 
 
 def solve_prompt(question: str, shots=()):
@@ -213,18 +223,31 @@ def verifier_scores(replies, answers) -> list:
 def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int, timer=None) -> dict:
     """One loop step: propose, judge questions, filter into the pool, solve, judge answers, one joint update."""
     torch.manual_seed(config.derive_seed(cfg.seed, "mae-step", it))
-    rng = random.Random(config.derive_seed(cfg.seed, "mae-pool", it))
+    timer = timer or training.Timer()
+    model.eval()
+    out = collect(sampler(model, tok, cfg), pool, cfg, it, timer)
+    with timer("backward"):
+        update = joint_update(model, optimizer, out.pop("chunks"), cfg)
+    out["row"].update({**update, **{f"{k}_s": v for k, v in timer.seconds.items()}})
+    return out
+
+
+def collect(generate, pool: QuestionPool, cfg: MAEConfig, it: int, timer=None, stream=()) -> dict:
+    """An iteration's rollouts and rewards: propose, judge questions, filter into the pool, solve, judge answers.
+    generate(prompts, max_new_tokens, prefill="", repeats=1) -> {"ids", "texts", "group"} samples every role (the
+    model itself, or TRL's generation in replication.scale_mae); `stream` tells processes' pool draws apart.
+    Returns {"chunks": [(role, generation, rewards)] for joint_update, "row", "proposals", "verified"}."""
+    rng = random.Random(config.derive_seed(cfg.seed, "mae-pool", it, *stream))
     timer = timer or training.Timer()
     shots = tasks.worked_examples(cfg.seed_level, cfg.shots, cfg.seed)
-    model.eval()
     with timer("generation"):
         refs = [pool.sample(rng, 1)[0]["question"] if rng.random() < cfg.reference_ratio and len(pool) else None
                 for _ in range(cfg.proposals)]
         prompts = [PROPOSE_REFERENCE.format(reference=r) if r else PROPOSE_SCRATCH for r in refs]
-        prop = _generate(model, tok, prompts, cfg.question_tokens, cfg.temperature, QUESTION_PREFILL)
+        prop = generate(prompts, cfg.question_tokens, QUESTION_PREFILL)
         parsed = [extract_question(t, cfg.strict_tags) for t in prop["texts"]]
         valid = [i for i, (q, _) in enumerate(parsed) if q]
-        qjudge = judge_replies(model, tok, [JUDGE_QUESTION.format(question=parsed[i][0]) for i in valid], cfg) if valid else None
+        qjudge = _judged(generate, [JUDGE_QUESTION.format(question=parsed[i][0]) for i in valid], cfg) if valid else None
         quality = {i: mae_scores.parse_score(t, cfg.score_rule) for i, t in zip(valid, qjudge["texts"] if valid else [])}
         accepted = [i for i in valid if passes_filter(quality[i], cfg.quality_threshold) or not cfg.use_filter]
         for i in accepted:
@@ -232,13 +255,12 @@ def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int
         picked = pool.sample(rng, cfg.pool_solve)
         distinct = [(parsed[i][0], None, i) for i in valid] + [(p["question"], p["answer"], None) for p in picked]
         to_solve = [x for x in distinct for _ in range(cfg.n_solve)]  # prompt-major, as sampled
-        sol = _generate(model, tok, [solve_prompt(q, shots) for q, _, _ in distinct], cfg.answer_tokens, cfg.temperature,
-                        repeats=cfg.n_solve)
+        sol = generate([solve_prompt(q, shots) for q, _, _ in distinct], cfg.answer_tokens, repeats=cfg.n_solve)
         if cfg.judge == "verifier":
             ajudge, a_judged = None, verifier_scores(sol["texts"], [a for _, a, _ in to_solve])
         else:
-            ajudge = judge_replies(model, tok, [JUDGE_ANSWER.format(question=q, answer=a) for (q, _, _), a in
-                                                zip(to_solve, sol["texts"])], cfg)
+            ajudge = _judged(generate, [JUDGE_ANSWER.format(question=q, answer=a) for (q, _, _), a in
+                                        zip(to_solve, sol["texts"])], cfg)
             a_judged = [mae_scores.score(t, cfg.score_rule) for t in ajudge["texts"]]  # None: the judgment gave no score
     a_scores = [mae_scores.mean_score([s]) for s in a_judged]
     s_format = [tasks.has_format(t) for t in sol["texts"]]
@@ -250,8 +272,6 @@ def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int
     judged = [t for g in judge_gens for t in g["texts"]]
     chunks = [("proposer", prop, p_rewards), ("solver", sol, s_rewards)] + [("judge", g, [judge_reward(t) for t in g["texts"]])
                                                                            for g in judge_gens]
-    with timer("backward"):
-        update = joint_update(model, optimizer, chunks, cfg)
     verified = [{"iteration": it, "score": s, "judged": j is not None, "correct": tasks.verify(t, ans)}
                 for (_, ans, _), t, s, j in zip(to_solve, sol["texts"], a_scores, a_judged) if ans is not None]
     sources = [mae_scores.read_score(t, cfg.score_rule)[1] for t in judged]
@@ -268,9 +288,8 @@ def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int
            "judge_format": mean([judge_reward(t) for t in judged]), "judge_fallback": mean([s == "fallback" for s in sources]),
            "judge_unparsed": mean([s == "none" for s in sources]), "seed_answers": len(verified),
            "seed_accuracy": mean([v["correct"] for v in verified]),
-           "samples": sum(len(c[2]) for c in chunks), "solver_samples": len(to_solve), **update,
-           **{f"{k}_s": v for k, v in timer.seconds.items()}}
-    return {"row": row, "proposals": proposals, "verified": verified}
+           "samples": sum(len(c[2]) for c in chunks), "solver_samples": len(to_solve)}
+    return {"chunks": chunks, "row": row, "proposals": proposals, "verified": verified}
 
 
 def joint_update(model, optimizer, chunks, cfg: MAEConfig) -> dict:
