@@ -247,7 +247,9 @@ def collect(generate, pool: QuestionPool, cfg: MAEConfig, it: int, timer=None, s
         prop = generate(prompts, cfg.question_tokens, QUESTION_PREFILL)
         parsed = [extract_question(t, cfg.strict_tags) for t in prop["texts"]]
         valid = [i for i, (q, _) in enumerate(parsed) if q]
-        qjudge = _judged(generate, [JUDGE_QUESTION.format(question=parsed[i][0]) for i in valid], cfg) if valid else None
+        # a generate that other processes wait on (TRL's under ZeRO-3 or a vLLM server) is called even with no question
+        qjudge = (_judged(generate, [JUDGE_QUESTION.format(question=parsed[i][0]) for i in valid], cfg)
+                  if valid or getattr(generate, "collective", False) else None)
         quality = {i: mae_scores.parse_score(t, cfg.score_rule) for i, t in zip(valid, qjudge["texts"] if valid else [])}
         accepted = [i for i in valid if passes_filter(quality[i], cfg.quality_threshold) or not cfg.use_filter]
         for i in accepted:

@@ -27,12 +27,15 @@ from pathlib import Path
 
 import yaml
 
-from . import answers, config, elo, evolve, files, models, rlpr, rlpr_training, scale, tasks
+from . import answers, config, elo, evolve, files, mae, models, rlpr, rlpr_training, scale, tasks
 
-METHODS = ("elo-evolve", "rlpr")
+METHODS = ("elo-evolve", "rlpr", "mae", "malt")
 JUDGES = ("quality", "likelihood", "llm")
 SECTIONS = ("model", "seed", "output_dir", "resume", "data", "lora", "trl")  # and the method's own
 LORA = {"r": 16, "alpha": 32}
+# MAE's own settings (mae.MAEConfig); its lr, LoRA rank, temperature and seed come from the trl, lora and top sections
+MAE_FIELDS = ("proposals", "n_solve", "pool_solve", "question_tokens", "answer_tokens", "judge_tokens", "reference_ratio",
+              "quality_threshold", "use_filter", "strict_tags", "score_rule", "judge")
 DEFAULTS = {
     "elo-evolve": {"judge": "quality", "judge_shots": 0, "judge_model": None,
                    "opponents": {"weak": [1.0, 1], "strong": [0.7, 4]}, "pool_tokens": 32, "pool_file": None,
@@ -40,9 +43,12 @@ DEFAULTS = {
                    "length_margin": 60},
     "rlpr": {"baseline": "initial", "format_weight": 0.1, "aggregation": "mean",
              "filter": {"beta": 0.5, "ratio": 0.99, "warmup_start": 5, "warmup_end": 10}},
+    "mae": {name: getattr(mae.MAEConfig, name) for name in MAE_FIELDS},
 }
 DATA = {"elo-evolve": {"level": "1d-1step-add", "n_train": 64, "shots": 0},
-        "rlpr": {"n_arithmetic": 64, "n_factual": 0, "level": "1d-1step-add", "shots": 0}}
+        "rlpr": {"n_arithmetic": 64, "n_factual": 0, "level": "1d-1step-add", "shots": 0},
+        "mae": {"level": "1d-1step-add", "n_seed_questions": 64, "shots": 0}}
+TRL_DEFAULTS = {"mae": {"loss_type": "dapo", "beta": 0.0}}  # the token mean over every role's tokens, no KL
 
 
 def override(cfg: dict, item: str) -> None:
@@ -85,8 +91,10 @@ def read_config(method: str, path, sets=()) -> dict:
             raise ValueError("elo-evolve.judge_model=None is not allowed with judge llm; name the judge's checkpoint")
         if e["pool_file"] and not isinstance(e["ratings"], dict):
             raise ValueError("elo-evolve.ratings must map each opponent of pool_file to its rating")
-    else:
+    elif method == "rlpr":
         config.check_choice("rlpr.baseline", out[method]["baseline"], ("initial", "policy"))
+    elif method == "mae":
+        mae_config(out)  # names any bad value
     return out
 
 
@@ -101,12 +109,36 @@ def check_trl(section: dict) -> None:
                              "(those are top-level settings)")
 
 
-def grpo_args(cfg: dict):
+def grpo_args(cfg: dict, method: str = None):
     """trl.GRPOConfig from the trl section, with the run's output_dir and seed."""
     from trl import GRPOConfig
 
     return GRPOConfig(**{"report_to": "none", "logging_steps": 1, "save_strategy": "steps", "loss_type": "grpo",
-                         **cfg["trl"], "output_dir": cfg["output_dir"], "seed": cfg["seed"]})
+                         **TRL_DEFAULTS.get(method, {}), **cfg["trl"], "output_dir": cfg["output_dir"], "seed": cfg["seed"]})
+
+
+def mae_config(cfg: dict) -> mae.MAEConfig:
+    """mae.MAEConfig from the mae section, the data section's level and shots, the trl temperature and the seed."""
+    d = cfg["data"]
+    config.check_int("data.n_seed_questions", d["n_seed_questions"])
+    return mae.MAEConfig(**{k: cfg["mae"][k] for k in MAE_FIELDS}, seed_level=d["level"], shots=d["shots"],
+                         temperature=cfg["trl"].get("temperature", 1.0), lora_r=cfg["lora"]["r"], seed=cfg["seed"]).validate()
+
+
+def mae_pieces(cfg: dict):
+    """(dataset, trainer kwargs) for MAE: the seed questions (notebook 06's pool) start the question pool; TRL's
+    dataloader rows only pace the steps."""
+    from datasets import Dataset
+
+    d = cfg["data"]
+    seeds = tasks.make_level(d["level"], d["n_seed_questions"], seed=cfg["seed"])
+    ds = Dataset.from_dict({"prompt": [scale.chat(mae.solve_prompt(p.question)) for p in seeds]})
+    return ds, {"mae_cfg": mae_config(cfg), "seeds": seeds}
+
+
+def no_reward(prompts, completions, **kwargs):
+    """TRL's reward slot for MAE, never called: the rewards come from mae.collect."""
+    raise RuntimeError("MAETrainer scores its rollouts with mae.collect")
 
 
 def load(cfg: dict, name: str = None):
@@ -194,17 +226,22 @@ def build(method: str, cfg: dict):
 
     config.set_seed(cfg["seed"])
     model, tok = load(cfg)
-    args = grpo_args(cfg)
+    args = grpo_args(cfg, method)
     if method == "elo-evolve":
         ds, reward, parts = elo_pieces(cfg, tok, model)
         trainer_cls, extra = GRPOTrainer, {}
-    else:
+    elif method == "rlpr":
         ds, reward, filt = rlpr_pieces(cfg, tok, model)
         trainer_cls, extra = scale.RLPRTrainer, {"std_filter": filt}
+    else:
+        from . import scale_mae
+
+        (ds, extra), reward = mae_pieces(cfg), no_reward
+        trainer_cls = scale_mae.MAETrainer
     torch.manual_seed(config.derive_seed(cfg["seed"], "scale-lora"))
     trainer = trainer_cls(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
                           peft_config=lora_config(cfg), **extra)
-    parts = parts if method == "elo-evolve" else {"rlpr": trainer}
+    parts = parts if method == "elo-evolve" else {method: trainer}
     trainer.add_callback(scale.SaveState(**parts))
     return trainer, reward, parts
 

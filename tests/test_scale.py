@@ -223,7 +223,7 @@ def run(cmd, method, out, tmp_path, sets=()):
     return time.perf_counter() - t0, [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
 
 
-PART = {"elo-evolve": "elo", "rlpr": "rlpr"}
+PART = {"elo-evolve": "elo", "rlpr": "rlpr", "mae": "mae"}
 
 
 @pytest.mark.parametrize("method", list(PART))
@@ -241,22 +241,25 @@ def test_train_command_runs_two_steps_on_one_process(method, tmp_path):
         assert again[0]["steps"] == 4 and again[0]["state"]["elo"]["calls"] == 4
         rows = [r for r in again[0]["log"] if "elo/rating" in r]  # the checkpoint's two rows, then two more
         assert len(rows) == 4 and rows[1]["elo/rating"] == pytest.approx(records[0]["state"]["elo"]["rating"])
-    else:
+    elif method == "rlpr":
         assert records[0]["state"]["rlpr"]["filter"]["ema"] is not None
+    else:  # two iterations on the seed pool (the tiny model's proposals are no questions: the pool stays the seeds)
+        assert records[0]["state"]["mae"]["iterations"] == 2 and len(records[0]["state"]["mae"]["pool"]) == 8
 
 
 @pytest.mark.parametrize("method", list(PART))
 def test_train_command_on_two_processes_agrees_across_ranks(method, tmp_path):
     """accelerate launch on two CPU processes (gloo): each rank sees other prompts, and the adapter, the reward's or
-    filter's state and the checkpoint agree. (accelerate 1.15's --cpu starts one process without an MPI hostfile;
-    --multi_gpu on a machine without GPUs starts two on gloo.) The tiny model never states an answer, so RLPR's
-    rewards are 0 and its steps move nothing; Elo-Evolve's steps do."""
+    filter's state (MAE: the question pool) and the checkpoint agree. (accelerate 1.15's --cpu starts one process
+    without an MPI hostfile; --multi_gpu on a machine without GPUs starts two on gloo.) The tiny model never states an
+    answer or writes a tag, so RLPR's and MAE's rewards are constant and their steps move nothing; Elo-Evolve's do."""
     accelerate = str(Path(sys.executable).parent / "accelerate")
     seconds, records = run([accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                             "--mixed_precision", "no", "--dynamo_backend", "no"], method, tmp_path / "two", tmp_path)
     assert [r["process"] for r in records] == [0, 1] and {r["processes"] for r in records} == {2}
     assert {r["backend"] for r in records} == {"gloo"}
-    assert records[0]["seen"] and records[1]["seen"] and not set(records[0]["seen"]) & set(records[1]["seen"])
+    if method != "mae":  # MAE draws its questions from the pool (with replacement), not from TRL's sampler
+        assert records[0]["seen"] and records[1]["seen"] and not set(records[0]["seen"]) & set(records[1]["seen"])
     assert records[0]["adapter_sha256"] == records[1]["adapter_sha256"]
     assert records[0]["state"] == records[1]["state"]
     assert [p.name for p in (tmp_path / "two").glob("checkpoint-*")] == ["checkpoint-2"]
