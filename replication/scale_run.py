@@ -27,11 +27,12 @@ from pathlib import Path
 
 import yaml
 
-from . import answers, config, elo, evolve, files, mae, models, rlpr, rlpr_training, scale, tasks
+from . import answers, config, elo, evolve, files, mae, malt, models, rlpr, rlpr_training, scale, tasks
 
 METHODS = ("elo-evolve", "rlpr", "mae", "malt")
 JUDGES = ("quality", "likelihood", "llm")
 SECTIONS = ("model", "seed", "output_dir", "resume", "data", "lora", "trl")  # and the method's own
+TRAINERS = {"trl": "GRPOConfig", "sft": "SFTConfig", "dpo": "DPOConfig"}  # sections passed as is to TRL's configs
 LORA = {"r": 16, "alpha": 32}
 # MAE's own settings (mae.MAEConfig); its lr, LoRA rank, temperature and seed come from the trl, lora and top sections
 MAE_FIELDS = ("proposals", "n_solve", "pool_solve", "question_tokens", "answer_tokens", "judge_tokens", "reference_ratio",
@@ -44,10 +45,13 @@ DEFAULTS = {
     "rlpr": {"baseline": "initial", "format_weight": 0.1, "aggregation": "mean",
              "filter": {"beta": 0.5, "ratio": 0.99, "warmup_start": 5, "warmup_end": 10}},
     "mae": {name: getattr(mae.MAEConfig, name) for name in MAE_FIELDS},
+    "malt": {"n_branch": 3, "tokens": [48, 32, 48], "temperature": 0.7, "batch_size": 16, "pooling": "global",
+             "max_sft": 100000, "max_pairs": 100000, "tree_model": None, "tree_file": None},
 }
 DATA = {"elo-evolve": {"level": "1d-1step-add", "n_train": 64, "shots": 0},
         "rlpr": {"n_arithmetic": 64, "n_factual": 0, "level": "1d-1step-add", "shots": 0},
-        "mae": {"level": "1d-1step-add", "n_seed_questions": 64, "shots": 0}}
+        "mae": {"level": "1d-1step-add", "n_seed_questions": 64, "shots": 0},
+        "malt": {"level": "1d-1step-add", "n_train": 64, "shots": 0}}
 TRL_DEFAULTS = {"mae": {"loss_type": "dapo", "beta": 0.0}}  # the token mean over every role's tokens, no KL
 
 
@@ -74,16 +78,19 @@ def read_config(method: str, path, sets=()) -> dict:
     for item in sets:
         override(cfg, item)
     for key in cfg:
-        config.check_choice("config section", key, SECTIONS + (method,))
+        config.check_choice("config section", key, sections(method) + (method,))
     out = {"model": "smollm2-135m-instruct", "seed": 0, "output_dir": f"runs/scale/{method}", "resume": False,
-           "trl": {}, **{k: v for k, v in cfg.items() if k not in ("data", "lora", method)}}
+           **{k: {} for k in sections(method) if k in TRAINERS},
+           **{k: v for k, v in cfg.items() if k not in ("data", "lora", method)}}
     for section, defaults in (("data", DATA[method]), ("lora", LORA), (method, DEFAULTS[method])):
         given = cfg.get(section) or {}
         for key in given:
             config.check_choice(f"{section}.{key}", key, tuple(defaults))
         out[section] = {**defaults, **given}
     config.check_int("seed", out["seed"], minimum=0)
-    check_trl(out["trl"])
+    for section in TRAINERS:
+        if section in out:
+            check_trl(out[section], section)
     if method == "elo-evolve":
         e = out[method]
         config.check_choice("elo-evolve.judge", e["judge"], JUDGES)
@@ -95,18 +102,44 @@ def read_config(method: str, path, sets=()) -> dict:
         config.check_choice("rlpr.baseline", out[method]["baseline"], ("initial", "policy"))
     elif method == "mae":
         mae_config(out)  # names any bad value
+    else:
+        check_malt(out)
     return out
 
 
-def check_trl(section: dict) -> None:
-    """Every key of the trl section is a field of trl.GRPOConfig (output_dir and seed are top-level settings)."""
-    from trl import GRPOConfig
+def sections(method: str) -> tuple:
+    """The config sections a method takes besides its own: MALT has sft and dpo (TRL's SFTConfig, DPOConfig) for trl."""
+    return SECTIONS[:-1] + ("sft", "dpo") if method == "malt" else SECTIONS
 
-    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+
+def check_malt(cfg: dict) -> None:
+    m, d = cfg["malt"], cfg["data"]
+    config.check_int("data.n_train", d["n_train"])
+    config.check_int("data.shots", d["shots"], minimum=0)
+    config.check_choice("data.level", d["level"], tuple(tasks.LEVELS))
+    config.check_int("malt.n_branch", m["n_branch"], minimum=2)
+    if not (isinstance(m["tokens"], (list, tuple)) and len(m["tokens"]) == 3
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in m["tokens"])):
+        raise ValueError(f"malt.tokens={m['tokens']!r} is not allowed; give [generator, verifier, refiner] max new tokens")
+    config.check_range("malt.temperature", m["temperature"], 1e-6, 10.0)
+    config.check_choice("malt.pooling", m["pooling"], malt.POOLINGS)
+    for name in ("batch_size", "max_sft", "max_pairs"):
+        config.check_int(f"malt.{name}", m[name])
+
+
+def check_trl(section: dict, name: str = "trl") -> None:
+    """Every key of a trl, sft or dpo section is a field of trl.GRPOConfig, SFTConfig or DPOConfig (output_dir and
+    seed are top-level settings)."""
+    import trl
+
+    if not isinstance(section, dict):
+        raise ValueError(f"{name}={section!r} is not allowed; the section must be a mapping of settings")
+    cls = getattr(trl, TRAINERS[name])
+    fields = {f.name for f in dataclasses.fields(cls)}
     for key in section:
         if key not in fields or key in ("output_dir", "seed"):
-            raise ValueError(f"trl.{key} is not allowed; use a field of trl.GRPOConfig other than output_dir and seed "
-                             "(those are top-level settings)")
+            raise ValueError(f"{name}.{key} is not allowed; use a field of trl.{cls.__name__} other than output_dir "
+                             "and seed (those are top-level settings)")
 
 
 def grpo_args(cfg: dict, method: str = None):
@@ -149,7 +182,8 @@ def load(cfg: dict, name: str = None):
     name = name or cfg["model"]
     if name == "tiny":
         return models.tiny_model(seed=cfg["seed"])
-    return models.load_model(name, dtype=torch.bfloat16 if cfg["trl"].get("bf16") else torch.float32)
+    bf16 = any(cfg.get(s, {}).get("bf16") for s in TRAINERS)
+    return models.load_model(name, dtype=torch.bfloat16 if bf16 else torch.float32)
 
 
 def lora_config(cfg: dict):
@@ -261,6 +295,15 @@ def train(method: str, config_path, sets=()) -> dict:
     from transformers.trainer_utils import get_last_checkpoint
 
     cfg = read_config(method, config_path, sets)
+    if method == "malt":
+        from accelerate import PartialState
+
+        from . import scale_malt
+
+        config.set_seed(cfg["seed"])
+        record = scale_malt.train(cfg, load, lora_config(cfg), adapter_digest)
+        files.write_json(Path(cfg["output_dir"]) / f"rank{PartialState().process_index}.json", record)
+        return record
     trainer, reward, parts = build(method, cfg)
     out = Path(cfg["output_dir"])
     last = get_last_checkpoint(str(out)) if cfg["resume"] and out.is_dir() else None
@@ -291,6 +334,11 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if args.method == "malt":
+        print(f"process {record['process']}: " + ", ".join(
+            f"{r} {x.get('sft_examples', 0)} SFT examples, {x.get('pairs', 0)} pairs, adapter "
+            f"{x.get('adapter_sha256', 'kept')[:12]}" for r, x in record["roles"].items()))
+        return 0
     print(f"process {record['process']}: {record['steps']} steps, adapter {record['adapter_sha256'][:12]}")
     return 0
 
