@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import config, loop, training
+from . import config, loop, models, training
 
 
 @dataclass
@@ -91,7 +91,7 @@ def _batches(n, batch_size, epochs, seed) -> list:
 
 
 def _seq_logps(model, tok, prompts, completions, system):
-    p_ids, p_mask, c_ids, c_mask = training.encode_pairs(tok, prompts, completions, system)
+    p_ids, p_mask, c_ids, c_mask = training.encode_pairs(tok, prompts, completions, system, models.device_of(model))
     return training.completion_logps(model, p_ids, p_mask, c_ids, c_mask), c_mask
 
 

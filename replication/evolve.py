@@ -102,7 +102,7 @@ class LikelihoodJudge:
             self._pre = None
             if self.shots:
                 text = self.tok.apply_chat_template(self.prompt("")[:-1], tokenize=False)
-                ids = self.tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+                ids = self.tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"].to(models.device_of(self.model))
                 with torch.no_grad():
                     self._pre = (ids[0], self.model(input_ids=ids, use_cache=True).past_key_values)
         return self._pre
@@ -116,7 +116,8 @@ class LikelihoodJudge:
 
         from . import training
 
-        p_ids, p_mask, c_ids, c_mask = training.encode_pairs(self.tok, [self.prompt(question)] * len(texts), texts)
+        p_ids, p_mask, c_ids, c_mask = training.encode_pairs(self.tok, [self.prompt(question)] * len(texts), texts,
+                                                             device=models.device_of(self.model))
         pre, n, T = self._prefix(), len(texts), c_ids.shape[1]
         L = 0 if pre is None else len(pre[0])
         with torch.no_grad():
@@ -125,11 +126,12 @@ class LikelihoodJudge:
             else:
                 P = p_ids.shape[1]
                 out = self.model(input_ids=p_ids[:1, L:], past_key_values=copy.deepcopy(pre[1]), use_cache=True,
-                                 position_ids=torch.arange(L, P)[None], logits_to_keep=1)
+                                 position_ids=torch.arange(L, P, device=p_ids.device)[None], logits_to_keep=1)
                 cache = out.past_key_values
                 cache.batch_repeat_interleave(n)
                 rest = self.model(input_ids=c_ids[:, :-1], attention_mask=torch.cat([p_mask, c_mask[:, :-1]], 1),
-                                  position_ids=P + torch.arange(T - 1)[None].expand(n, -1), past_key_values=cache,
+                                  position_ids=P + torch.arange(T - 1, device=p_ids.device)[None].expand(n, -1),
+                                  past_key_values=cache,
                                   use_cache=True).logits
                 lp = training.token_logps(torch.cat([out.logits[:, -1:].expand(n, -1, -1), rest], 1), c_ids)
         return ((lp * c_mask).sum(1) / c_mask.sum(1)).tolist()

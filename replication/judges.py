@@ -35,9 +35,9 @@ def answer_probs(model, tok, prompts, options, batch_size: int = 16, progress: b
     texts = models.chat_prompts(tok, prompts)
     out = []
     for i in tqdm(range(0, len(texts), batch_size), desc="judge", disable=not progress):
-        enc = tok(texts[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok(texts[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False).to(models.device_of(model))
         logits = model(**enc, position_ids=models.position_ids(enc["attention_mask"]), logits_to_keep=1).logits[:, -1, ids]
-        out.append(torch.softmax(logits.float(), -1).numpy())
+        out.append(torch.softmax(logits.float(), -1).cpu().numpy())
     return np.concatenate(out) if out else np.zeros((0, len(options)))
 
 
@@ -86,7 +86,7 @@ def response_logps(model, tok, questions, responses, instruction: str = None, ba
         user = q if instruction is None else f"{q}\n{instruction}"
         for i in range(0, len(rs), batch_size):
             chunk = rs[i:i + batch_size]
-            p_ids, p_mask, c_ids, c_mask = training.encode_pairs(tok, [user] * len(chunk), chunk)
+            p_ids, p_mask, c_ids, c_mask = training.encode_pairs(tok, [user] * len(chunk), chunk, device=models.device_of(model))
             lp = training.grouped_logps(model, p_ids, p_mask, c_ids, c_mask, len(chunk)) * c_mask   # (B, T)
             n = c_mask.sum(1)
             found.update({(q, r): (float(s_ / n_), float(s_), int(n_)) for r, s_, n_ in zip(chunk, lp.sum(1), n)})

@@ -209,6 +209,11 @@ class Generation:
         return sum(len(c) for c in self.completion_ids)
 
 
+def device_of(model) -> torch.device:
+    """Where the model's weights are: the device every input built for it is put on."""
+    return next(model.parameters()).device
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids under left padding, as generate() assigns them (the first real token is position 0)."""
     return (attention_mask.cumsum(1) - 1).clamp(min=0)
@@ -235,20 +240,21 @@ def encode_prompts(model, prompt_ids, prompt_mask, min_prefix: int = MIN_SHARED)
     padding masked), with the gradient flowing through both. Otherwise the prompts are encoded as given (left
     padding). Same values as encoding each prompt whole, up to rounding."""
     U, lengths = prompt_ids.shape[0], prompt_mask.sum(1)
-    L = min(common_prefix(prompt_ids, prompt_mask), int(lengths.min()) - 1) if U > 1 else 0  # each keeps a token
+    L = common_prefix(prompt_ids, prompt_mask) if U > 1 else 0
+    L = min(L, int(lengths.min()) - 1) if L >= min_prefix else L  # each prompt keeps a token of its own
     if L < min_prefix:
         out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask),
                     use_cache=True, logits_to_keep=1)
         return out.logits[:, -1:], out.past_key_values, prompt_ids, prompt_mask, lengths
     rows = [ids[m.bool()] for ids, m in zip(prompt_ids, prompt_mask)]
     rest = max(len(r) for r in rows) - L
-    ids = torch.full((U, rest), int(rows[0][L]), dtype=prompt_ids.dtype)   # filler under a 0 mask
-    mask = torch.zeros((U, rest), dtype=prompt_mask.dtype)
+    ids = torch.full((U, rest), int(rows[0][L]), dtype=prompt_ids.dtype, device=prompt_ids.device)  # filler, 0 mask
+    mask = torch.zeros((U, rest), dtype=prompt_mask.dtype, device=prompt_mask.device)
     for u, r in enumerate(rows):
         ids[u, rest - len(r) + L:], mask[u, rest - len(r) + L:] = r[L:], 1
     shared = model(input_ids=rows[0][None, :L], use_cache=True, logits_to_keep=1).past_key_values
     shared.batch_repeat_interleave(U)
-    attention = torch.cat([torch.ones((U, L), dtype=mask.dtype), mask], 1)
+    attention = torch.cat([torch.ones((U, L), dtype=mask.dtype, device=mask.device), mask], 1)
     positions = (L + mask.cumsum(1) - 1).clamp(min=L)
     out = model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=shared,
                 use_cache=True, logits_to_keep=1)
@@ -268,6 +274,9 @@ def sample(model, tok, texts, max_new_tokens: int, temperature: float = 1.0, top
 
     enc = tok(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
     ids, mask = enc["input_ids"], enc["attention_mask"]
+    prefill = (ids.shape[1] > 1 and bool(mask[:, :-1].any(1).all()) and (repeats > 1 or len(ids) > 1)
+               and (repeats > 1 or common_prefix(ids, mask) >= MIN_SHARED))  # decided on the CPU copies
+    ids, mask = ids.to(device_of(model)), mask.to(device_of(model))
     do_sample = temperature > 0
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, top_k=(top_k or None) if do_sample else None,
                            temperature=temperature if do_sample else None, top_p=top_p if do_sample else None,
@@ -275,12 +284,11 @@ def sample(model, tok, texts, max_new_tokens: int, temperature: float = 1.0, top
                            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     extra = {}
     with torch.no_grad():
-        if ids.shape[1] > 1 and bool(mask[:, :-1].any(1).all()) and (repeats > 1 or len(ids) > 1):
-            if repeats > 1 or common_prefix(ids, mask) >= MIN_SHARED:   # the last prompt token is left for generate() to feed
-                _, cache, head, head_mask, _ = encode_prompts(model, ids[:, :-1], mask[:, :-1])
-                cache.batch_repeat_interleave(repeats)
-                ids, mask = torch.cat([head, ids[:, -1:]], 1), torch.cat([head_mask, mask[:, -1:]], 1)
-                extra = {"past_key_values": cache}
+        if prefill:   # the last prompt token is left for generate() to feed
+            _, cache, head, head_mask, _ = encode_prompts(model, ids[:, :-1], mask[:, :-1])
+            cache.batch_repeat_interleave(repeats)
+            ids, mask = torch.cat([head, ids[:, -1:]], 1), torch.cat([head_mask, mask[:, -1:]], 1)
+            extra = {"past_key_values": cache}
         ids, mask = ids.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0)
         seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg, **extra)
     completion = seqs[:, ids.shape[1]:]
@@ -292,7 +300,7 @@ def completion_mask(completion: torch.Tensor, eos_id: int) -> torch.Tensor:
     is_eos = completion == eos_id
     no_eos = torch.full_like(is_eos[:, 0], completion.shape[1], dtype=torch.long)
     first = torch.where(is_eos.any(1), is_eos.int().argmax(1), no_eos)
-    return (torch.arange(completion.shape[1])[None, :] <= first[:, None]).long()
+    return (torch.arange(completion.shape[1], device=completion.device)[None, :] <= first[:, None]).long()
 
 
 def generate(model, tok, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,

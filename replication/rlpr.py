@@ -35,7 +35,7 @@ def shared_prompt_logps(model, prompt_ids, prompt_mask, which, completion_ids, m
     if T == 1:
         return training.token_logps(first, completion_ids, temperature)
     attention = torch.cat([p_att[which], mask[:, :-1]], 1)
-    positions = lengths[which][:, None] + torch.arange(T - 1)[None, :]
+    positions = lengths[which][:, None] + torch.arange(T - 1, device=lengths.device)[None, :]
     rest = model(input_ids=completion_ids[:, :-1], attention_mask=attention, position_ids=positions,
                  past_key_values=cache, use_cache=True).logits                # predicts tokens 1..T-1
     return training.token_logps(torch.cat([first, rest], 1), completion_ids, temperature)
@@ -73,8 +73,10 @@ def token_probs(model, tok, prompts, completions, spans, temperature: float = 1.
             n = len(c["input_ids"])
             ids[j, :n], mask[j, :n] = torch.tensor(c["input_ids"]), 1
             ref[j, :n] = torch.tensor(reference_mask(c["offset_mapping"], *spans[i]))
+        dev = models.device_of(model)  # the inputs go where the weights are (a GPU at scale)
         with torch.no_grad():
-            logps = shared_prompt_logps(model, enc["input_ids"], enc["attention_mask"], which, ids, mask, temperature)
+            logps = shared_prompt_logps(model, enc["input_ids"].to(dev), enc["attention_mask"].to(dev), which.to(dev),
+                                        ids.to(dev), mask.to(dev), temperature).cpu()
         for j, i in enumerate(chunk):
             out[i] = logps[j][ref[j]].exp().tolist()
     return out

@@ -45,7 +45,7 @@ def grouped_logps(model, prompt_ids, prompt_mask, completion_ids, mask, group_si
     if T == 1:
         return token_logps(first, completion_ids, temperature)
     attention = torch.cat([p_att.repeat_interleave(G, 0), mask[:, :-1]], 1)
-    positions = lengths.repeat_interleave(G)[:, None] + torch.arange(T - 1)[None, :]
+    positions = lengths.repeat_interleave(G)[:, None] + torch.arange(T - 1, device=lengths.device)[None, :]
     rest = model(input_ids=completion_ids[:, :-1], attention_mask=attention, position_ids=positions,
                  past_key_values=cache, use_cache=True).logits                # predicts tokens 1..T-1
     return token_logps(torch.cat([first, rest], 1), completion_ids, temperature)
@@ -59,8 +59,9 @@ def optimizer_step(model, optimizer, max_grad_norm: float) -> float:
     return float(norm)
 
 
-def encode_pairs(tok, prompts, completions, system=None):
-    """Chat-templated prompts (left-padded) and completions + EOS (right-padded), as id tensors with masks."""
+def encode_pairs(tok, prompts, completions, system=None, device=None):
+    """Chat-templated prompts (left-padded) and completions + EOS (right-padded), as id tensors with masks, on
+    `device` (the model's: models.device_of) when given."""
     texts = models.chat_prompts(tok, prompts, system)
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     comp = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in completions]
@@ -69,7 +70,7 @@ def encode_pairs(tok, prompts, completions, system=None):
     mask = torch.zeros((len(comp), T), dtype=torch.long)
     for i, c in enumerate(comp):
         ids[i, :len(c)], mask[i, :len(c)] = torch.tensor(c), 1
-    return enc["input_ids"], enc["attention_mask"], ids, mask
+    return tuple(x.to(device) if device is not None else x for x in (enc["input_ids"], enc["attention_mask"], ids, mask))
 
 
 class SamplingCopy:
