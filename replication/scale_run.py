@@ -1,4 +1,4 @@
-"""`python -m replication train <method> --config <yaml>`: one method on TRL's GRPOTrainer, the same command on one
+"""`python -m replication train <method> --config <yaml>`: one method on TRL's trainers, the same command on one
 CPU process and under `accelerate launch` (data parallel, DeepSpeed ZeRO-3, vLLM through the `trl:` settings).
 
 A config (configs/paper/*.yaml, configs/tiny/*.yaml) has these sections, each checked by name:
@@ -10,10 +10,16 @@ A config (configs/paper/*.yaml, configs/tiny/*.yaml) has these sections, each ch
        vllm_mode, deepspeed, save_steps, ...), passed as is;
   elo-evolve: judge (quality | likelihood | llm, with judge_model), judge_shots, the opponent pool: opponents
        ({name: [temperature, best of, shots]}: sampled from the base model, rated by the judge's round robin) or
-       pool_file (JSON {name: [one cached response per training problem]}) with ratings ({name: Elo}); then
+       pool_file (JSON {name: [one cached response per training problem]}; made on first use from opponent_models
+       {name: checkpoint} when missing) with ratings ({name: Elo}); then
        temperature, k, update_rule, start_rating, length_margin;
   rlpr: baseline (initial: r' from the initial policy, cached before training, as the authors' code | policy),
-       format_weight, aggregation, filter (beta, ratio, warmup_start, warmup_end; null: no filter).
+       format_weight, aggregation, filter (beta, ratio, warmup_start, warmup_end; null: no filter);
+  mae: mae.MAEConfig's loop settings (proposals and pool_solve per process, n_solve, token caps per role, filter,
+       score rule, judge), trained by scale_mae.MAETrainer; data: level, n_seed_questions, shots;
+  malt: the trees (n_branch, tokens, temperature, batch_size, tree_model, tree_file), pooling, max_sft, max_pairs;
+       MALT has sft and dpo sections (fields of trl.SFTConfig, trl.DPOConfig) instead of trl; data: level, n_train,
+       shots.
 `--set section.key=value` overrides one setting (e.g. --set trl.vllm_mode=server).
 Every process ends by writing rank<k>.json in output_dir: the problems it saw, its adapter's digest and the state of
 its reward or filter (so a run can be checked for agreement across processes).
@@ -33,6 +39,9 @@ METHODS = ("elo-evolve", "rlpr", "mae", "malt")
 JUDGES = ("quality", "likelihood", "llm")
 SECTIONS = ("model", "seed", "output_dir", "resume", "data", "lora", "trl")  # and the method's own
 TRAINERS = {"trl": "GRPOConfig", "sft": "SFTConfig", "dpo": "DPOConfig"}  # sections passed as is to TRL's configs
+# the notebook whose experiment each method's paper config runs at the paper's scale (its paper profile's section)
+NOTEBOOKS = {"elo-evolve": "02_elo_dynamics", "rlpr": "03_rlpr_debiasing", "malt": "05_malt_trajectory_trees",
+             "mae": "06_multi_agent_evolve"}
 LORA = {"r": 16, "alpha": 32}
 # MAE's own settings (mae.MAEConfig); its lr, LoRA rank, temperature and seed come from the trl, lora and top sections
 MAE_FIELDS = ("proposals", "n_solve", "pool_solve", "question_tokens", "answer_tokens", "judge_tokens", "reference_ratio",
@@ -40,7 +49,7 @@ MAE_FIELDS = ("proposals", "n_solve", "pool_solve", "question_tokens", "answer_t
 DEFAULTS = {
     "elo-evolve": {"judge": "quality", "judge_shots": 0, "judge_model": None,
                    "opponents": {"weak": [1.0, 1], "strong": [0.7, 4]}, "pool_tokens": 32, "pool_file": None,
-                   "ratings": None, "temperature": 200.0, "k": 32.0, "update_rule": "mean", "start_rating": 1350.0,
+                   "ratings": None, "opponent_models": None, "temperature": 200.0, "k": 32.0, "update_rule": "mean", "start_rating": 1350.0,
                    "length_margin": 60},
     "rlpr": {"baseline": "initial", "format_weight": 0.1, "aggregation": "mean",
              "filter": {"beta": 0.5, "ratio": 0.99, "warmup_start": 5, "warmup_end": 10}},
@@ -212,7 +221,10 @@ def elo_pieces(cfg: dict, tok, base):
     else:
         judge = evolve.LLMJudge(*load(cfg, e["judge_model"]))
     if e["pool_file"]:  # the opponents' cached responses, one per training problem, and their ratings
-        pool = json.loads(Path(e["pool_file"]).read_text())
+        path = repo_file(e["pool_file"])
+        if not path.is_file():
+            make_pool(cfg, problems, path)
+        pool = json.loads(path.read_text())
         if sorted(pool) != sorted(e["ratings"]) or any(len(r) != len(problems) for r in pool.values()):
             raise ValueError(f"elo-evolve.pool_file {e['pool_file']} must hold {len(problems)} responses for each "
                              f"opponent of elo-evolve.ratings ({', '.join(e['ratings'])})")
@@ -228,6 +240,36 @@ def elo_pieces(cfg: dict, tok, base):
     ds = Dataset.from_dict({"prompt": [scale.chat(p.chat(shots)) for p in problems], "index": list(range(len(problems))),
                             "question": [p.question for p in problems], "answer": [p.answer for p in problems]})
     return ds, reward, {"elo": reward}
+
+
+def repo_file(name) -> Path:
+    """A data file named in a config: relative names are the repository's (config.ROOT)."""
+    return Path(name) if Path(name).is_absolute() else config.ROOT / name
+
+
+def make_pool(cfg: dict, problems, path: Path) -> None:
+    """Write pool_file: every opponent of `ratings` answers each training problem once, sampled from its own model
+    (opponent_models: name -> checkpoint) with the policy's prompt and the trl temperature by the workbook's
+    opponent generation (evolve.build_pool, best of 1), pool_tokens new tokens. The main process writes it; the
+    others then read it."""
+    from accelerate import PartialState
+
+    e, d = cfg["elo-evolve"], cfg["data"]
+    missing = [n for n in e["ratings"] if n not in (e["opponent_models"] or {})]
+    if missing:
+        raise ValueError(f"elo-evolve.opponent_models must name each opponent's model to build pool_file {path} "
+                         f"(missing: {', '.join(missing)})")
+    with PartialState().main_process_first():
+        if path.is_file():
+            return
+        pool = {}
+        for name in e["ratings"]:
+            model, tok = load(cfg, e["opponent_models"][name])
+            spec = evolve.OpponentSpec(name, float(cfg["trl"].get("temperature", 1.0)), 1, d["shots"])
+            pool.update(evolve.build_pool(model, tok, problems, [spec], e["pool_tokens"], cfg["seed"], d["level"], False))
+            del model
+        if PartialState().is_main_process:
+            files.write_json(path, pool)
 
 
 def rlpr_pieces(cfg: dict, tok, model):

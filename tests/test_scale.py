@@ -267,3 +267,43 @@ def test_train_command_on_two_processes_agrees_across_ranks(method, tmp_path):
         assert records[0]["state"]["elo"]["calls"] == 2
         assert any(row.get("grad_norm", 0) > 0 for row in records[0]["log"]), "the steps must move the adapter"
     print(f"two-process {method} run: {seconds:.1f} s")
+
+
+def test_missing_pool_file_is_made_from_the_opponent_models(tmp_path):
+    from replication import scale_run
+
+    path, pool = tmp_path / "c.yaml", tmp_path / "pool.json"
+    text = ("model: tiny\ndata: {{level: 1d-1step-add, n_train: 3}}\ntrl: {{temperature: 1.0}}\nelo-evolve: {{pool_file: "
+            f"{pool}, pool_tokens: 4, ratings: {{{{a: 1400, b: 1600}}}}, opponent_models: {{{{a: tiny{{}}}}}}}}}}")
+    path.write_text(text.format(""))
+    cfg = scale_run.read_config("elo-evolve", path)
+    with pytest.raises(ValueError, match=r"elo-evolve\.opponent_models.*missing: b"):
+        scale_run.elo_pieces(cfg, *reversed(scale_run.load(cfg)))
+    path.write_text(text.format(", b: tiny"))
+    cfg = scale_run.read_config("elo-evolve", path)
+    _, reward, _ = scale_run.elo_pieces(cfg, *reversed(scale_run.load(cfg)))
+    made = json.loads(pool.read_text())
+    assert sorted(made) == ["a", "b"] and all(len(v) == 3 and all(isinstance(x, str) for x in v) for v in made.values())
+    assert reward.pool == made and list(reward.ratings) == [1400.0, 1600.0]
+    pool.write_text(json.dumps({"a": ["x"] * 3, "b": ["y"] * 3}))  # an existing file is read, not made again
+    assert scale_run.elo_pieces(cfg, *reversed(scale_run.load(cfg)))[1].pool["a"] == ["x"] * 3
+
+
+@pytest.mark.parametrize("method", ["elo-evolve", "rlpr", "mae", "malt"])
+def test_each_paper_config_matches_its_notebooks_paper_profile_and_is_named_there(method):
+    """The notebook's paper profile and the paper config name the same model and learning rate, and the notebook
+    says which command runs its experiment at the paper's scale."""
+    import nbformat
+
+    from replication import params, runner, scale_run
+
+    stem = scale_run.NOTEBOOKS[method]
+    path = f"configs/paper/{method.replace('-', '_')}.yaml"
+    cfg = scale_run.read_config(method, config.ROOT / path)
+    profile = {**params.cell_values(runner.NOTEBOOKS / f"{stem}.ipynb"), **params.profile_values(stem, "paper", runner.NOTEBOOKS)}
+    assert cfg["model"] == profile["model"]
+    lr = {"malt": ("dpo", "dpo_lr")}.get(method, ("trl", "lr"))
+    assert cfg[lr[0]]["learning_rate"] == profile[lr[1]]
+    nb = nbformat.read(runner.NOTEBOOKS / f"{stem}.ipynb", as_version=4)
+    text = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert f"python -m replication train {method} --config {path}" in text

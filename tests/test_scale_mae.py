@@ -140,3 +140,15 @@ def test_pool_state_round_trips_and_bad_settings_are_named(tmp_path):
     for sets, name in ((["trl.beta=0.04"], "trl.beta"), (["trl.loss_type=grpo"], "trl.loss_type")):
         with pytest.raises(ValueError, match=name.replace(".", r"\.")):
             mae_trainer(tmp_path, sets)
+
+
+def test_paper_config_holds_the_papers_settings():
+    from replication import paper
+
+    cfg = scale_run.read_config("mae", config.ROOT / "configs" / "paper" / "mae.yaml")
+    P = paper.table("mae_settings").set_index("quantity")["value"].astype(float)
+    t, m = cfg["trl"], cfg["mae"]
+    assert (t["learning_rate"], t["beta"], t["temperature"], t["max_steps"]) == (P["lr"], P["kl_coef"], P["temperature"], P["steps"])
+    assert (m["n_solve"], m["reference_ratio"], m["quality_threshold"]) == (P["n_solve"], P["reference_ratio"], P["quality_threshold"])
+    assert m["proposals"] * 8 == P["batch_per_role"]  # per process, on 8 GPUs
+    assert scale_run.mae_config(cfg).judge == "self" and t["loss_type"] == "dapo"
