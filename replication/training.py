@@ -31,24 +31,34 @@ def completion_logps(model, prompt_ids, prompt_mask, completion_ids, mask, tempe
     return token_logps(logits, completion_ids, temperature)
 
 
-def grouped_logps(model, prompt_ids, prompt_mask, completion_ids, mask, group_size: int, temperature: float = 1.0):
-    """completion_logps for rows that come in groups of `group_size` sharing one prompt (GRPO's G samples):
-    each prompt is encoded once (models.encode_prompts: a leading run the prompts share, once for all), its keys
-    and values repeated for the group's completions, with the gradient flowing back through them into the
-    prompt's pass. Same result as completion_logps up to rounding."""
-    G, B, T = group_size, completion_ids.shape[0], completion_ids.shape[1]
-    if G == 1 or B % G:
-        return completion_logps(model, prompt_ids, prompt_mask, completion_ids, mask, temperature)
-    first, cache, _, p_att, lengths = models.encode_prompts(model, prompt_ids[::G], prompt_mask[::G])   # B / G prompts
-    cache.batch_repeat_interleave(G)                                         # (B, heads, P, d) per layer
-    first = first.repeat_interleave(G, 0)                                    # predicts completion token 0
+def shared_prompt_logps(model, prompt_ids, prompt_mask, which, completion_ids, mask, temperature: float = 1.0):
+    """Completion-token log-probs, shape (B, T), for completions that share prompts: the distinct prompts
+    (prompt_ids, left-padded, U rows) are encoded once (models.encode_prompts: a leading run they all share, such
+    as a system turn or the same worked examples, once for all) and row b continues prompt which[b], its keys and
+    values selected from the prompts' cache with the gradient flowing back through them into the prompts' pass.
+    Same values as one pass over each prompt + completion (completion_logps), up to rounding."""
+    first, cache, _, p_att, lengths = models.encode_prompts(model, prompt_ids, prompt_mask)
+    cache.batch_select_indices(which)                                        # (B, heads, P, d) per layer
+    first = first[which]                                                     # predicts completion token 0
+    T = completion_ids.shape[1]
     if T == 1:
         return token_logps(first, completion_ids, temperature)
-    attention = torch.cat([p_att.repeat_interleave(G, 0), mask[:, :-1]], 1)
-    positions = lengths.repeat_interleave(G)[:, None] + torch.arange(T - 1)[None, :]
+    attention = torch.cat([p_att[which], mask[:, :-1]], 1)
+    positions = lengths[which][:, None] + torch.arange(T - 1)[None, :]
     rest = model(input_ids=completion_ids[:, :-1], attention_mask=attention, position_ids=positions,
                  past_key_values=cache, use_cache=True).logits                # predicts tokens 1..T-1
     return token_logps(torch.cat([first, rest], 1), completion_ids, temperature)
+
+
+def grouped_logps(model, prompt_ids, prompt_mask, completion_ids, mask, group_size: int, temperature: float = 1.0):
+    """completion_logps for rows that come in groups of `group_size` sharing one prompt (GRPO's G samples):
+    each prompt is encoded once (shared_prompt_logps), its keys and values repeated for the group's completions.
+    Same result as completion_logps up to rounding."""
+    G, B = group_size, completion_ids.shape[0]
+    if G == 1 or B % G:
+        return completion_logps(model, prompt_ids, prompt_mask, completion_ids, mask, temperature)
+    which = torch.arange(B // G).repeat_interleave(G)
+    return shared_prompt_logps(model, prompt_ids[::G], prompt_mask[::G], which, completion_ids, mask, temperature)
 
 
 def optimizer_step(model, optimizer, max_grad_norm: float) -> float:
