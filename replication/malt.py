@@ -265,24 +265,21 @@ def train_stage(model, tok, sft_sets, pair_sets, sft_cfg, dpo_cfg, reference="sf
     for r in ROLES:
         if r in done["weights"]:
             load_adapter_state(model, r, done["weights"][r])
-            logs[r] = done["logs"][r]
-        else:
-            logs[r] = train_role(model, tok, r, sft_sets[r], pair_sets[r], sft_cfg, dpo_cfg, reference, stage, val(r))
+        logs[r] = done["logs"][r] if r in done["weights"] else train_role(
+            model, tok, r, sft_sets[r], pair_sets[r], sft_cfg, dpo_cfg, reference, stage, val(r))
     return {"weights": {r: adapter_state(model, r) for r in ROLES}, "logs": logs}
 
 
 def stage_summary(logs: dict) -> dict:
     """Per role and stage: steps, first and last training loss, the validation loss per epoch (0 = before) and the
-    epoch kept (the held-out check); for DPO also the last epoch's training preference accuracy."""
+    epoch kept (the held-out check)."""
     out = {}
     for role, by_stage in logs.items():
         for stage, rows in by_stage.items():
-            if not rows:
-                out[f"{role} {stage}"] = {"steps": 0}
-                continue
-            last = rows[-1]
-            out[f"{role} {stage}"] = {"steps": len(rows), "loss_first": rows[0]["loss"], "loss_last": last["loss"],
-                                      "val_curve": last.get("val_curve"), "best_epoch": last.get("best_epoch")}
+            last = rows[-1] if rows else {}
+            out[f"{role} {stage}"] = {"steps": 0} if not rows else {
+                "steps": len(rows), "loss_first": rows[0]["loss"], "loss_last": last["loss"],
+                "val_curve": last.get("val_curve"), "best_epoch": last.get("best_epoch")}
     return out
 
 
