@@ -61,14 +61,15 @@ def peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def ours(model_name: str, cfg: dict, reps: int, rollout_dtype: str = "float32", update_dtype: str = "float32") -> dict:
+def ours(model_name: str, cfg: dict, reps: int, rollout_dtype: str = "float32", update_dtype: str = "float32",
+         length_buckets: int = 1) -> dict:
     """Step times of replication.grpo, with the split of the step and the share of zero-gradient groups."""
     torch.manual_seed(0)
     model, tok = models.load_model(model_name)
     model = models.add_lora(model, r=LORA_R, alpha=2 * LORA_R)
     gcfg = grpo.GRPOConfig(num_generations=cfg["G"], max_new_tokens=cfg["max_new_tokens"], beta=cfg["beta"], lr=1e-5,
                            temperature=cfg["temperature"], top_p=cfg["top_p"], rollout_dtype=rollout_dtype,
-                           update_dtype=update_dtype)
+                           update_dtype=update_dtype, length_buckets=length_buckets)
     trainer = grpo.GRPOTrainer(model, tok, reward_fn(cfg["reward"]), gcfg)
     probs = problems(cfg)
     prompts, meta = [p.prompt() for p in probs], [{"answer": p.answer} for p in probs]
@@ -140,7 +141,7 @@ def _child(args):
     fn, model_name, cfg, reps, threads, option = args
     torch.set_num_threads(threads)
     if fn == "ours":
-        return ours(model_name, cfg, reps, rollout_dtype=option[0], update_dtype=option[1])
+        return ours(model_name, cfg, reps, *option)
     return trl(model_name, cfg, reps, bf16=option)
 
 
@@ -150,10 +151,12 @@ def isolated(fn: str, model_name: str, cfg: dict, reps: int, option) -> dict:
         return pool.apply(_child, ((fn, model_name, cfg, reps, torch.get_num_threads(), option),))
 
 
-# (label, trainer, option): ours (rollout_dtype, update_dtype): the fastest setting samples from a bf16 copy of the
-# policy and updates with the frozen base weights in bf16; TRL: its bf16 flag; fp32 rows for both
-SETTINGS = [("replication.grpo, bf16 rollout + bf16 update", "ours", ("bfloat16", "bfloat16")),
-            ("replication.grpo, fp32", "ours", ("float32", "float32")),
+# (label, trainer, option): ours (rollout_dtype, update_dtype, length_buckets): the fastest setting samples from a
+# bf16 copy of the policy, scores and updates with the frozen base weights in bf16 and the completions in two
+# length buckets; TRL: its bf16 flag; fp32 rows for both
+SETTINGS = [("replication.grpo, bf16 rollout + bf16 update + 2 length buckets", "ours", ("bfloat16", "bfloat16", 2)),
+            ("replication.grpo, bf16 rollout + bf16 update", "ours", ("bfloat16", "bfloat16", 1)),
+            ("replication.grpo, fp32", "ours", ("float32", "float32", 1)),
             ("TRL 1.16 GRPOTrainer, fp32", "trl", False), ("TRL 1.16 GRPOTrainer, bf16", "trl", True)]
 
 

@@ -91,8 +91,14 @@ def _batches(n, batch_size, epochs, seed) -> list:
 
 
 def _seq_logps(model, tok, prompts, completions, system):
-    p_ids, p_mask, c_ids, c_mask = training.encode_pairs(tok, prompts, completions, system, models.device_of(model))
-    return training.completion_logps(model, p_ids, p_mask, c_ids, c_mask), c_mask
+    """Per-token completion log-probs and mask; each distinct prompt is encoded once and a leading run the prompts
+    share (the system turn, the same worked examples) once for all (training.shared_prompt_logps): a DPO batch
+    holds every prompt twice, and MALT's prompts open with the same ~200 tokens of worked examples."""
+    distinct = {}                                      # a prompt is a string or a list of chat turns
+    which = torch.tensor([distinct.setdefault(repr(p), (len(distinct), p))[0] for p in prompts])
+    p_ids, p_mask, c_ids, c_mask = training.encode_pairs(tok, [p for _, p in distinct.values()], completions, system,
+                                                         models.device_of(model))
+    return training.shared_prompt_logps(model, p_ids, p_mask, which, c_ids, c_mask), c_mask
 
 
 def _seq_sums(model, tok, prompts, completions, system):

@@ -253,46 +253,63 @@ def train_role(model, tok, role, sft, pairs, sft_cfg, dpo_cfg, reference="sft", 
     return logs
 
 
-def train_stage(model, tok, sft_sets, pair_sets, sft_cfg, dpo_cfg, reference="sft", stage="both", validation=None) -> dict:
+def train_stage(model, tok, sft_sets, pair_sets, sft_cfg, dpo_cfg, reference="sft", stage="both", validation=None,
+                done=None) -> dict:
     """One stage ('sft', 'dpo' or 'both') for every role, each on its own adapter (train_role); `validation` =
-    (role -> held-out SFT examples, role -> held-out pairs). Returns {"weights": role -> adapter state,
-    "logs": role -> {"sft": rows, "dpo": rows}}: a value run.cached stores."""
+    (role -> held-out SFT examples, role -> held-out pairs). `done`, another stage result of the same kind, gives
+    the roles in it (same start, same data) their weights and logs as they are, untrained again. Returns
+    {"weights": role -> adapter state, "logs": role -> {"sft": rows, "dpo": rows}}: a value run.cached stores."""
+    done = done or {"weights": {}, "logs": {}}
     val = (lambda r: (validation[0][r], validation[1][r])) if validation else (lambda r: None)
-    logs = {r: train_role(model, tok, r, sft_sets[r], pair_sets[r], sft_cfg, dpo_cfg, reference, stage, val(r)) for r in ROLES}
+    logs = {}
+    for r in ROLES:
+        if r in done["weights"]:
+            load_adapter_state(model, r, done["weights"][r])
+        logs[r] = done["logs"][r] if r in done["weights"] else train_role(
+            model, tok, r, sft_sets[r], pair_sets[r], sft_cfg, dpo_cfg, reference, stage, val(r))
     return {"weights": {r: adapter_state(model, r) for r in ROLES}, "logs": logs}
 
 
 def stage_summary(logs: dict) -> dict:
     """Per role and stage: steps, first and last training loss, the validation loss per epoch (0 = before) and the
-    epoch kept (the held-out check); for DPO also the last epoch's training preference accuracy."""
+    epoch kept (the held-out check)."""
     out = {}
     for role, by_stage in logs.items():
         for stage, rows in by_stage.items():
-            if not rows:
-                out[f"{role} {stage}"] = {"steps": 0}
-                continue
-            last = rows[-1]
-            out[f"{role} {stage}"] = {"steps": len(rows), "loss_first": rows[0]["loss"], "loss_last": last["loss"],
-                                      "val_curve": last.get("val_curve"), "best_epoch": last.get("best_epoch")}
+            last = rows[-1] if rows else {}
+            out[f"{role} {stage}"] = {"steps": 0} if not rows else {
+                "steps": len(rows), "loss_first": rows[0]["loss"], "loss_last": last["loss"],
+                "val_curve": last.get("val_curve"), "best_epoch": last.get("best_epoch")}
     return out
 
 
+def same_data_roles(sets_a: tuple, val_a: tuple, sets_b: tuple, val_b: tuple) -> list:
+    """Roles with the same SFT examples, pairs and validation sets in two arms: from the same initial adapters,
+    the same training (each role is an adapter of its own; local and global pooling agree on verifier and refiner)."""
+    return [r for r in ROLES if all(a[k][r] == b[k][r] for a, b in ((sets_a, sets_b), (val_a, val_b)) for k in (0, 1))]
+
+
 def train_arm(cache, key: dict, name: str, model, tok, init: dict, sets: tuple, validation: tuple, sft_cfg, dpo_cfg,
-              reference: str = "sft", after_sft=None) -> dict:
+              reference: str = "sft", after_sft=None, reuse=None) -> dict:
     """One MALT arm from the initial adapters `init` (role -> state): SFT, then DPO on the SFT policy, every role,
     each stage made once through cache(name, key, make) (run.cached's signature). sets and validation are
     (role -> SFT examples, role -> pairs). after_sft(), if given, runs with the SFT weights loaded (e.g. their
-    evaluation). Returns {"sft": stage, "dpo": stage, "logs": role -> {"sft": rows, "dpo": rows}}; the model
-    ends with the arm's final (DPO) weights."""
+    evaluation). `reuse` = (another arm's result from the same init, its sets, its validation): roles trained on
+    the same data there (same_data_roles) are taken from it. Returns {"sft": stage, "dpo": stage, "logs": role ->
+    {"sft": rows, "dpo": rows}, "reused": roles}; the model ends with the arm's final (DPO) weights."""
     load_stage(model, {"weights": init})
     k = {**key, "arm": name}
-    sft_out = cache(f"sft-{name}", k, lambda: train_stage(model, tok, *sets, sft_cfg, dpo_cfg, reference, "sft", validation))
+    roles = same_data_roles(sets, validation, *reuse[1:]) if reuse else []
+    done = {s: {part: {r: reuse[0][s][part][r] for r in roles} for part in ("weights", "logs")} for s in ("sft", "dpo")}
+    sft_out = cache(f"sft-{name}", k, lambda: train_stage(model, tok, *sets, sft_cfg, dpo_cfg, reference, "sft", validation,
+                                                          done["sft"]))
     load_stage(model, sft_out)
     if after_sft is not None:
         after_sft()
-    dpo_out = cache(f"dpo-{name}", k, lambda: train_stage(model, tok, *sets, sft_cfg, dpo_cfg, reference, "dpo", validation))
+    dpo_out = cache(f"dpo-{name}", k, lambda: train_stage(model, tok, *sets, sft_cfg, dpo_cfg, reference, "dpo", validation,
+                                                          done["dpo"]))
     load_stage(model, dpo_out)
-    return {"sft": sft_out, "dpo": dpo_out,
+    return {"sft": sft_out, "dpo": dpo_out, "reused": roles,
             "logs": {r: {"sft": sft_out["logs"][r]["sft"], "dpo": dpo_out["logs"][r]["dpo"]} for r in ROLES}}
 
 

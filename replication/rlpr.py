@@ -23,24 +23,6 @@ def reference_mask(offsets, start: int, end: int) -> list:
     return [s < end and e > start and e > s for s, e in offsets]
 
 
-def shared_prompt_logps(model, prompt_ids, prompt_mask, which, completion_ids, mask, temperature: float = 1.0):
-    """Completion-token log-probs, shape (B, T), for completions that share prompts: the distinct prompts
-    (prompt_ids, left-padded) are encoded once (models.encode_prompts) and row b continues prompt which[b] (its
-    keys and values selected from the prompts' cache). Same values as one pass over each prompt + completion, up
-    to rounding."""
-    first, cache, _, p_att, lengths = models.encode_prompts(model, prompt_ids, prompt_mask)
-    cache.batch_select_indices(which)
-    first = first[which]                                                     # predicts completion token 0
-    T = completion_ids.shape[1]
-    if T == 1:
-        return training.token_logps(first, completion_ids, temperature)
-    attention = torch.cat([p_att[which], mask[:, :-1]], 1)
-    positions = lengths[which][:, None] + torch.arange(T - 1, device=lengths.device)[None, :]
-    rest = model(input_ids=completion_ids[:, :-1], attention_mask=attention, position_ids=positions,
-                 past_key_values=cache, use_cache=True).logits                # predicts tokens 1..T-1
-    return training.token_logps(torch.cat([first, rest], 1), completion_ids, temperature)
-
-
 def token_probs(model, tok, prompts, completions, spans, temperature: float = 1.0, batch_size: int = 16, system=None):
     """Probabilities of the tokens overlapping each span, under the model (logits / temperature); None where span
     is None. Rows are batched by prompt (a user message or chat turns): the rows of one prompt (a rollout's group
@@ -75,8 +57,8 @@ def token_probs(model, tok, prompts, completions, spans, temperature: float = 1.
             ref[j, :n] = torch.tensor(reference_mask(c["offset_mapping"], *spans[i]))
         dev = models.device_of(model)  # the inputs go where the weights are (a GPU at scale)
         with torch.no_grad():
-            logps = shared_prompt_logps(model, enc["input_ids"].to(dev), enc["attention_mask"].to(dev), which.to(dev),
-                                        ids.to(dev), mask.to(dev), temperature).cpu()
+            logps = training.shared_prompt_logps(model, enc["input_ids"].to(dev), enc["attention_mask"].to(dev),
+                                                 which.to(dev), ids.to(dev), mask.to(dev), temperature).cpu()
         for j, i in enumerate(chunk):
             out[i] = logps[j][ref[j]].exp().tolist()
     return out

@@ -31,24 +31,90 @@ def completion_logps(model, prompt_ids, prompt_mask, completion_ids, mask, tempe
     return token_logps(logits, completion_ids, temperature)
 
 
-def grouped_logps(model, prompt_ids, prompt_mask, completion_ids, mask, group_size: int, temperature: float = 1.0):
-    """completion_logps for rows that come in groups of `group_size` sharing one prompt (GRPO's G samples):
-    each prompt is encoded once (models.encode_prompts: a leading run the prompts share, once for all), its keys
-    and values repeated for the group's completions, with the gradient flowing back through them into the
-    prompt's pass. Same result as completion_logps up to rounding."""
-    G, B, T = group_size, completion_ids.shape[0], completion_ids.shape[1]
-    if G == 1 or B % G:
-        return completion_logps(model, prompt_ids, prompt_mask, completion_ids, mask, temperature)
-    first, cache, _, p_att, lengths = models.encode_prompts(model, prompt_ids[::G], prompt_mask[::G])   # B / G prompts
-    cache.batch_repeat_interleave(G)                                         # (B, heads, P, d) per layer
-    first = first.repeat_interleave(G, 0)                                    # predicts completion token 0
+def length_buckets(lengths, buckets: int) -> list:
+    """Rows cut into at most `buckets` runs of similar completion length, each run padded only to its own longest
+    row: the rows sorted by length, the cuts placed to compute the fewest (row x width) positions (exact dynamic
+    programming over the cut points). Returns a list of (row indices, width)."""
+    order = sorted(range(len(lengths)), key=lambda i: (int(lengths[i]), i))
+    n, k = len(order), max(1, min(buckets, len(order)))
+    width = [max(1, int(lengths[i])) for i in order]           # non-decreasing: a run's width is its last row's
+    best = [[0.0] + [float("inf")] * n] + [[float("inf")] * (n + 1) for _ in range(k)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    for j in range(1, k + 1):
+        for end in range(1, n + 1):
+            for start in range(end):
+                cost = best[j - 1][start] + (end - start) * width[end - 1]
+                if cost < best[j][end]:
+                    best[j][end], cut[j][end] = cost, start
+    j = min(range(1, k + 1), key=lambda j: (best[j][n], j))    # fewest runs among the cheapest
+    out, end = [], n
+    while end:
+        start = cut[j][end]
+        out.append((order[start:end], width[end - 1]))
+        end, j = start, j - 1
+    return out[::-1]
+
+
+def _select(cache, rows):
+    """A cache holding the given batch rows of `cache` (which is left as it is), the gradient flowing back."""
+    import copy
+
+    sub = copy.copy(cache)
+    sub.layers = [copy.copy(layer) for layer in cache.layers]
+    sub.batch_select_indices(rows)
+    return sub
+
+
+def shared_prompt_logps(model, prompt_ids, prompt_mask, which, completion_ids, mask, temperature: float = 1.0,
+                        buckets: int = 1):
+    """Completion-token log-probs, shape (B, T), for completions that share prompts: the distinct prompts
+    (prompt_ids, left-padded, U rows) are encoded once (models.encode_prompts: a leading run they all share, such
+    as a system turn or the same worked examples, once for all) and row b continues prompt which[b], its keys and
+    values selected from the prompts' cache with the gradient flowing back through them into the prompts' pass.
+    Same values as one pass over each prompt + completion (completion_logps), up to rounding.
+
+    buckets > 1: the completions run in up to that many passes of similar length (length_buckets), each only as
+    wide as its longest row, so that a short reply beside a long one costs its own length; the log-probs past a
+    row's bucket width (padding under mask 0) are 0."""
+    first, cache, _, p_att, lengths = models.encode_prompts(model, prompt_ids, prompt_mask)
+    which = torch.as_tensor(which, device=lengths.device)
+    T = completion_ids.shape[1]
+    if buckets > 1 and T > 1:
+        parts = length_buckets(mask.sum(1).tolist(), buckets)
+        if len(parts) > 1:
+            out = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
+            for rows, width in parts:
+                rows = torch.tensor(rows, device=completion_ids.device)
+                out[rows, :width] = _continue(model, first, _select(cache, which[rows]), p_att, lengths, which[rows],
+                                              completion_ids[rows, :width], mask[rows, :width], temperature)
+            return out
+    cache.batch_select_indices(which)                                        # (B, heads, P, d) per layer
+    return _continue(model, first, cache, p_att, lengths, which, completion_ids, mask, temperature)
+
+
+def _continue(model, first, cache, p_att, lengths, which, completion_ids, mask, temperature):
+    """shared_prompt_logps' completion pass: rows continue prompts `which` from `cache` (already those rows)."""
+    first = first[which]                                                     # predicts completion token 0
+    T = completion_ids.shape[1]
     if T == 1:
         return token_logps(first, completion_ids, temperature)
-    attention = torch.cat([p_att.repeat_interleave(G, 0), mask[:, :-1]], 1)
-    positions = lengths.repeat_interleave(G)[:, None] + torch.arange(T - 1, device=lengths.device)[None, :]
+    attention = torch.cat([p_att[which], mask[:, :-1]], 1)
+    positions = lengths[which][:, None] + torch.arange(T - 1, device=lengths.device)[None, :]
     rest = model(input_ids=completion_ids[:, :-1], attention_mask=attention, position_ids=positions,
                  past_key_values=cache, use_cache=True).logits                # predicts tokens 1..T-1
     return token_logps(torch.cat([first, rest], 1), completion_ids, temperature)
+
+
+def grouped_logps(model, prompt_ids, prompt_mask, completion_ids, mask, group_size: int, temperature: float = 1.0,
+                  buckets: int = 1):
+    """completion_logps for rows that come in groups of `group_size` sharing one prompt (GRPO's G samples):
+    each prompt is encoded once (shared_prompt_logps, with its length buckets), its keys and values repeated for
+    the group's completions. Same result as completion_logps up to rounding (0 past a bucket's width)."""
+    G, B = group_size, completion_ids.shape[0]
+    if G == 1 or B % G:
+        return completion_logps(model, prompt_ids, prompt_mask, completion_ids, mask, temperature)
+    which = torch.arange(B // G).repeat_interleave(G)
+    return shared_prompt_logps(model, prompt_ids[::G], prompt_mask[::G], which, completion_ids, mask, temperature, buckets)
 
 
 def optimizer_step(model, optimizer, max_grad_norm: float) -> float:

@@ -211,3 +211,41 @@ def test_bf16_rollout_trainer_learns():
     rows = trainer.train(sampler, 30, progress=False)
     first, last = sum(r["reward_mean"] for r in rows[:5]) / 5, sum(r["reward_mean"] for r in rows[-5:]) / 5
     assert last > first + 0.3, (first, last)
+
+
+def test_length_buckets_cut_sorted_rows_where_the_fewest_positions_are_computed():
+    """training.length_buckets by hand: one bucket pads every row to the longest; two put the short rows apart."""
+    assert training.length_buckets([5, 5, 5], 3) == [([0, 1, 2], 5)]            # one run is already the cheapest
+    parts = training.length_buckets([48, 4, 48, 6, 5, 48], 2)
+    assert parts == [([1, 4, 3], 6), ([0, 2, 5], 48)]                            # 3 x 6 + 3 x 48 = 162 < 6 x 48
+    three = training.length_buckets([1, 2, 3, 10, 11, 30], 3)
+    assert sum(len(r) * w for r, w in three) == 3 * 3 + 2 * 11 + 30 and sorted(i for r, _ in three for i in r) == list(range(6))
+
+
+def test_length_buckets_give_the_plain_loss_and_gradient():
+    """GRPO loss and LoRA gradient with the completions in length buckets equal one pass over all rows (fp32,
+    1e-5): replies of different lengths in each group, the log-probs past a row's bucket 0 under mask 0."""
+    torch.manual_seed(0)
+    model, tok = models.tiny_model(seed=0)
+    model = models.add_lora(model, r=4, alpha=8)
+    for p in training.trainable(model).values():
+        torch.nn.init.normal_(p, std=0.05)
+    texts = models.chat_prompts(tok, ["1 + 1?", "A longer one: 7 + 5?"])
+    p_ids, p_mask, c_ids, c_mask = models.sample(model, tok, texts, 10, 1.0, repeats=4)
+    for row, n in enumerate([2, 10, 3, 9, 10, 1, 4, 6]):
+        c_mask[row, n:] = 0
+    adv = torch.randn(len(c_ids))
+
+    def loss_and_grad(buckets):
+        model.zero_grad()
+        logps = training.grouped_logps(model, p_ids, p_mask, c_ids, c_mask, 4, 0.7, buckets=buckets)
+        loss, _ = grpo.grpo_loss(logps, logps.detach(), logps.detach() - 0.1, adv, c_mask, beta=0.04)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in training.trainable(model).items()}, logps.detach()
+
+    plain, bucketed = loss_and_grad(1), loss_and_grad(3)
+    assert len(training.length_buckets(c_mask.sum(1).tolist(), 3)) == 3               # the bucketed path is tested
+    assert torch.allclose(plain[0], bucketed[0], atol=1e-5)
+    assert all(torch.allclose(plain[1][k], bucketed[1][k], atol=1e-5) for k in plain[1])
+    assert torch.allclose(plain[2] * c_mask, bucketed[2] * c_mask, atol=1e-5)
+    assert max(g.abs().max() for g in plain[1].values()) > 1e-3

@@ -481,3 +481,68 @@ def test_sampling_copy_names_its_parameter():
     assert malt.sampling_copy(model, "float32") is None
     with pytest.raises(ValueError, match="rollout_dtype"):
         malt.sampling_copy(model, "float16")
+
+
+def test_sft_and_dpo_log_probs_encode_each_prompt_once_with_the_plain_values_and_gradient():
+    """dpo._seq_logps (SFT and DPO batches: every DPO prompt twice, MALT's prompts led by the same worked examples)
+    encodes each distinct prompt once and the shared leading run once: the per-token log-probs and the LoRA
+    gradient of the summed log-probs equal one plain pass over each prompt + completion (fp32, 1e-5)."""
+    from replication import training
+
+    torch.manual_seed(0)
+    model, tok = models.tiny_model(seed=0)
+    model = models.add_lora(model, r=4, alpha=8)
+    for p in training.trainable(model).values():
+        torch.nn.init.normal_(p, std=0.05)
+    shots = tasks.worked_examples("1d-1step-add", 2, seed=0)
+    prompts = [malt.generator_prompt(q, shots) for q in ("1 + 1?", "A longer one: 7 + 5?", "9?")]
+    prompts = prompts + prompts[:2]                                # the DPO layout: chosen rows, then rejected
+    completions = ["2", "The answer is 12.", "9", "3", "13, I think"]
+
+    def logps_and_grad(fn):
+        model.zero_grad()
+        logps, mask = fn()
+        (logps * mask).sum().backward()
+        return (logps * mask).detach(), {n: p.grad.clone() for n, p in training.trainable(model).items()}
+
+    def plain():
+        p_ids, p_mask, c_ids, c_mask = training.encode_pairs(tok, prompts, completions)
+        return training.completion_logps(model, p_ids, p_mask, c_ids, c_mask), c_mask
+
+    ids = tok(models.chat_prompts(tok, prompts[:3]), return_tensors="pt", padding=True)
+    assert models.common_prefix(ids["input_ids"], ids["attention_mask"]) >= models.MIN_SHARED  # the shared path is tested
+    want, shared = logps_and_grad(plain), logps_and_grad(lambda: dpo._seq_logps(model, tok, prompts, completions, None))
+    assert torch.allclose(want[0], shared[0], atol=1e-5)
+    assert all(torch.allclose(want[1][k], shared[1][k], atol=1e-5) for k in want[1])
+    assert max(g.abs().max() for g in want[1].values()) > 1e-3
+
+
+def test_an_arm_takes_the_roles_it_shares_with_another_arm_and_trains_the_rest(tmp_path):
+    """train_arm(reuse=...): the roles whose data equal the first arm's are taken from it (not trained again) and
+    hold exactly what training them would give; the role whose data differ is trained (same_data_roles)."""
+    model, tok = _tiny_roles()
+    cfg = dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, beta=0.1, seed=0)
+    init = {r: malt.adapter_state(model, r) for r in malt.ROLES}
+    sets_a = ({r: [(p, c) for p, c, _ in PAIRS] for r in malt.ROLES}, {r: PAIRS for r in malt.ROLES})
+    sets_b = ({**sets_a[0], "generator": [(p, r) for p, _, r in PAIRS]}, {**sets_a[1], "generator": PAIRS[::-1]})
+    val = ({r: [] for r in malt.ROLES}, {r: [] for r in malt.ROLES})
+    assert malt.same_data_roles(sets_a, val, sets_b, val) == ["verifier", "refiner"]
+
+    def cached(name, key, make):
+        return cache.cached(tmp_path, name, key, make)
+
+    a = malt.train_arm(cached, {"k": 1}, "a", model, tok, init, sets_a, val, cfg, cfg)
+    calls = []
+    real = malt.train_role
+    try:
+        malt.train_role = lambda m, t, role, *args, **kw: calls.append(role) or real(m, t, role, *args, **kw)
+        b = malt.train_arm(cached, {"k": 1}, "b", model, tok, init, sets_b, val, cfg, cfg, reuse=(a, sets_a, val))
+    finally:
+        malt.train_role = real
+    assert b["reused"] == ["verifier", "refiner"] and calls == ["generator", "generator"]   # its SFT, then its DPO
+    fresh = malt.train_arm(cached, {"k": 1}, "b-fresh", model, tok, init, sets_b, val, cfg, cfg)
+    for stage in ("sft", "dpo"):
+        for r in malt.ROLES:
+            assert all(torch.equal(b[stage]["weights"][r][k], fresh[stage]["weights"][r][k]) for k in fresh[stage]["weights"][r])
+    assert not all(torch.equal(b["dpo"]["weights"]["generator"][k], a["dpo"]["weights"]["generator"][k])
+                   for k in a["dpo"]["weights"]["generator"])
