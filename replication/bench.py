@@ -4,9 +4,10 @@
     python -m replication bench update [--reps 3] [--config benchmark|workbook]   (both: benchmark)
 
 grpo: each trainer runs in a fresh process (so its peak resident memory is its own), one warm-up step then `reps`
-timed steps. Rows: our trainer sampling from a bf16 copy of the policy and updating with bf16 base weights (its
-fastest setting here) and all in fp32; TRL in fp32 and in its bf16 mixed precision; the ratio compares each
-trainer's fastest row, and both fp32 rows.
+timed steps. Rows: our trainer sampling from a bf16 copy of the policy and updating with bf16 base weights, with and
+without two length buckets (GRPOConfig.length_buckets), and all in fp32; TRL in fp32 and in its bf16 mixed
+precision; the ratio compares each trainer's fastest row (the fastest median), and both fp32 rows. The update's
+achieved FLOP/s is set against a matmul peak measured in the same run in the update's dtype.
 
 update: our update phase (forward, backward and AdamW over prompts x G completions of max_new_tokens tokens) and
 the reference scoring pass, update_dtype float32 vs bfloat16, interleaved in one process; medians.
@@ -34,10 +35,11 @@ CONFIGS = {
 }
 
 
-def matmul_peak(n: int = 1024, reps: int = 10) -> float:
-    """Achieved fp32 FLOP/s of a square matmul on this machine (the best of `reps`)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
+def matmul_peak(n: int = 2048, reps: int = 10, dtype: str = "float32") -> float:
+    """Achieved FLOP/s of a square matmul in `dtype` on this machine (the best of `reps`, after three warm-ups)."""
+    a, b = torch.randn(n, n).to(getattr(torch, dtype)), torch.randn(n, n).to(getattr(torch, dtype))
+    for _ in range(3):
+        a @ b
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -91,7 +93,7 @@ def ours(model_name: str, cfg: dict, reps: int, rollout_dtype: str = "float32", 
             "split": {k: statistics.mean(r.get(f"{k}_s", 0.0) for r in rows) for k in ("generation", "reward", "scoring", "backward")},
             "completion_tokens": statistics.mean(r["completion_len"] * cfg["prompts"] * cfg["G"] for r in rows),
             "zero_std_frac": statistics.mean(r["zero_std_frac"] for r in rows),
-            "update_flops": 4 * n_params * tokens / backward, "peak_gb": peak_gb()}
+            "update_flops": 4 * n_params * tokens / backward, "update_dtype": update_dtype, "peak_gb": peak_gb()}
 
 
 def trl(model_name: str, cfg: dict, reps: int, bf16: bool = False) -> dict:
@@ -160,7 +162,7 @@ SETTINGS = [("replication.grpo, bf16 rollout + bf16 update + 2 length buckets", 
             ("TRL 1.16 GRPOTrainer, fp32", "trl", False), ("TRL 1.16 GRPOTrainer, bf16", "trl", True)]
 
 
-def compare(name: str, model_name: str, reps: int, peak: float, trl_bf16: bool = True) -> dict:
+def compare(name: str, model_name: str, reps: int, peak: dict, trl_bf16: bool = True) -> dict:
     cfg = CONFIGS[name]
     rows = {label: isolated(fn, model_name, cfg, reps, opt) for label, fn, opt in SETTINGS
             if trl_bf16 or not (fn == "trl" and opt)}
@@ -187,8 +189,10 @@ def show(r: dict) -> None:
     for label, x in r["rows"].items():
         if "split" in x:
             print(f"{label}: split (s) " + ", ".join(f"{k} {v:.1f}" for k, v in x["split"].items()) +
-                  f"; update ~{x['update_flops'] / 1e9:.1f} GFLOP/s vs fp32 matmul peak "
-                  f"{r['matmul_peak_flops'] / 1e9:.1f} GFLOP/s ({100 * x['update_flops'] / r['matmul_peak_flops']:.0f}%)")
+                  f"; update ~{x['update_flops'] / 1e9:.1f} GFLOP/s vs the {x['update_dtype']} matmul peak "
+                  f"{r['matmul_peak_flops'][x['update_dtype']] / 1e9:.1f} GFLOP/s "
+                  f"({100 * x['update_flops'] / r['matmul_peak_flops'][x['update_dtype']]:.0f}%; the update's frozen "
+                  f"matmuls run in {x['update_dtype']}, LoRA and attention in fp32)")
 
 
 def update_phase(model_name: str, cfg: dict, reps: int, dtypes=("float32", "bfloat16")) -> dict:
@@ -262,7 +266,8 @@ def main(argv=None) -> int:
         return 0
     print(f"{torch.get_num_threads()} threads, {args.reps} timed steps per trainer after one warm-up, "
           f"each trainer in its own process")
-    peak = matmul_peak()
+    peak = {d: matmul_peak(dtype=d) for d in ("float32", "bfloat16")}
+    print("matmul peak (2048 x 2048, best of 10): " + ", ".join(f"{d} {f / 1e9:.0f} GFLOP/s" for d, f in peak.items()))
     results = []
     for name in (CONFIGS if args.config == "both" else [args.config]):
         results.append(compare(name, args.model, args.reps, peak, trl_bf16=not args.no_trl_bf16))
