@@ -23,6 +23,7 @@ class Setup(Params):
     step_tokens: int = p()
     rollout_temperature: float = p(low=0.01, high=2.0)
     rollout_dtype: str = p(choices=("float32", "bfloat16"))
+    step_update_dtypes: list = p(each={"choices": ("float32", "bfloat16")})
     candidate_levels: list = p(each={"choices": tuple(tasks.LEVELS)})
     candidate_shots: list = p(each={"minimum": 0})
     sampling_problems: int = p()
