@@ -376,6 +376,11 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # left to interpreter exit, gloo's threads sometimes abort the process (SIGABRT)
+        dist.barrier()
+        dist.destroy_process_group()
     if args.method == "malt":
         print(f"process {record['process']}: " + ", ".join(
             f"{r} {x.get('sft_examples', 0)} SFT examples, {x.get('pairs', 0)} pairs, adapter "
