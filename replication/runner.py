@@ -12,9 +12,10 @@ from pathlib import Path
 
 import nbformat
 
-from . import __version__, config, console, files, params, report as report_mod
+from replication.core import config, console, files, params
+from replication.core.config import NOTEBOOKS, Paths, list_notebooks
+from . import __version__, report as report_mod
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes, for --set checks)
-from .config import NOTEBOOKS, Paths, list_notebooks
 
 
 class RunError(RuntimeError):

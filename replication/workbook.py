@@ -8,7 +8,9 @@ import platform
 import time
 from pathlib import Path
 
-from . import __version__, cache, config, files, figures, loop, params, verdicts
+from replication.core import cache, config, files, figures, params, verdicts
+from replication.lm import loop
+from . import __version__
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes)
 
 VERDICTS = verdicts.VERDICTS
@@ -62,7 +64,7 @@ class Run:
         self.metrics.update(metrics)
 
     def cached(self, name: str, key, make):
-        """make()'s value, computed once per key under this notebook's cache (replication.cache)."""
+        """make()'s value, computed once per key under this notebook's cache (replication.core.cache)."""
         return cache.cached(self.cache, name, key, make)
 
     def run_folder(self, name: str, key: dict) -> "loop.RunFolder":
@@ -73,7 +75,7 @@ class Run:
               direction: int = +1, null: float = 0.0, effect: float = None, matches=None, holds: bool = None,
               parts: dict = None, not_tested: str = None) -> dict:
         """Add one row to the claims ledger: the paper's number beside ours, the evidence behind it, and the
-        verdict from the one rule (replication.verdicts): an interval decides alone; otherwise exactly one of
+        verdict from the one rule (replication.core.verdicts): an interval decides alone; otherwise exactly one of
         matches=(measured, paper, tolerance), holds=<a checked condition>, parts={...} or not_tested=<reason>."""
         config.check_choice("evidence", evidence, verdicts.EVIDENCE)
         basis = {k: v for k, v in {"matches": matches, "holds": holds, "parts": parts, "not_tested": not_tested}.items()

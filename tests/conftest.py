@@ -1,7 +1,8 @@
 """Shared fixtures: a tiny random model, an isolated runs folder, and one smoke run of every notebook."""
 import pytest
 
-from replication import models, runner
+from replication import runner
+from replication.lm import models
 
 
 @pytest.fixture(scope="session")

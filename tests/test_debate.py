@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from replication import config, debate, debate_eval, debate_sim as ds, elo, stats
+from replication.core import config, fmt, stats
+from replication.lm import elo
+from replication.papers.debate import debate, debate_eval, debate_sim as ds
 
 STORY = "Before the storm, Ines hid the brass key in the \u201cblue lantern\u201d. Tomas searched the cargo-bay all night!"
 
@@ -80,7 +82,7 @@ def test_accuracy_definition():
     assert acc["mean_p_correct"] == pytest.approx(0.55)
     assert debate_eval.versus_chance(acc) == "consistent with chance"
     assert debate_eval.versus_chance(debate_eval.accuracy([0.9] * 40)) == "above chance"
-    assert debate_eval.fmt_accuracy(acc).startswith("62% [")
+    assert fmt.accuracy(acc, 0, percent_bounds=True).startswith("62% [")
     with pytest.raises(ValueError):
         debate_eval.accuracy([])
 

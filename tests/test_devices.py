@@ -7,7 +7,9 @@ none; the shared-prompt check is skipped on meta); the inputs of the forwards be
 import pytest
 import torch
 
-from replication import dpo, evolve, judges, models, rlpr, tasks
+from replication.lm import dpo, judges, models, tasks
+from replication.papers.elo_evolve import evolve
+from replication.papers.rlpr import rlpr
 
 
 def meta_model():

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from replication import elo
+from replication.lm import elo
 
 
 def test_expected_score_by_hand():

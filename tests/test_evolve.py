@@ -8,7 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from replication import cache, elo, evolve, evolve_eval, grpo, loop, models, paper, stats, tasks, training
+from replication.core import cache, paper, stats
+from replication.lm import elo, grpo, loop, models, tasks, training
+from replication.papers.elo_evolve import evolve, evolve_eval
 
 GOOD, WRONG, BARE = "So 3 + 4 = 7. The answer is 7.", "The answer is 9.", "seven i think 7"
 

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from replication import files
+from replication.core import files
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from replication import dpo, grpo, models, loop, training
+from replication.lm import dpo, grpo, loop, models, training
 
 LETTERS = set("abcdefghijklmnopqrstuvwxyz")
 PROMPTS = ["write", "say something", "go", "hello"]

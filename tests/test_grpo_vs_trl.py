@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from replication import dpo, grpo
+from replication.lm import dpo, grpo
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 trl_dpo = pytest.importorskip("trl.trainer.dpo_trainer")

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
-from replication import judges, models, tasks, training
+from replication.lm import judges, tasks, training
 
 
 @pytest.mark.parametrize("text, score", [("4", 4), ("Score: 5/5", 5), ("I'd say 3.", 3), ("", None), ("seven", None),

@@ -5,7 +5,9 @@ import pandas as pd
 import pytest
 import torch
 
-from replication import cache, loop, models, paper, params, settings, workbook  # noqa: F401
+from replication import settings, workbook  # noqa: F401
+from replication.core import cache, paper, params
+from replication.lm import loop, models  # noqa: F401
 
 
 # ---- cache ---------------------------------------------------------------------------------------------
@@ -146,7 +148,7 @@ def test_paper_numbers_come_with_their_source():
 
 
 def test_derived_seeds_are_stable_and_distinct():
-    from replication import config
+    from replication.core import config
 
     assert config.derive_seed(0, "step", 1) == config.derive_seed(0, "step", 1)
     assert len({config.derive_seed(s, "step", i) for s in range(3) for i in range(50)}) == 150

@@ -1,5 +1,5 @@
 """Multi-Agent Evolve: the reward formulas, the filter, per-role whitening, the judge's `<score>` prefill, the
-verifier-judge arm, the loop, and the statistics the notebook takes from replication.stats (agreement at MAE's cut,
+verifier-judge arm, the loop, and the statistics the notebook takes from replication.core.stats (agreement at MAE's cut,
 McNemar). The score rules: test_mae_scores.py; the held-out records and health: test_mae_eval.py."""
 import json
 import random
@@ -9,7 +9,9 @@ import pytest
 import torch
 from scipy.stats import mannwhitneyu
 
-from replication import loop, mae, mae_eval, mae_scores, models, stats, tasks
+from replication.core import fmt, stats
+from replication.lm import loop, models, tasks
+from replication.papers.mae import mae, mae_eval, mae_scores
 
 
 def test_tags_and_question_extraction():
@@ -167,7 +169,7 @@ def test_summaries_and_keys():
     after = pd.DataFrame({"correct": [True, True, True, False], "format": [True] * 4})
     acc = mae_eval.accuracy(after)
     assert acc["accuracy"] == 0.75 and acc["n"] == 4 and acc["format"] == 1.0 and acc["ci95"][0] < 0.75 < acc["ci95"][1]
-    assert mae_eval.fmt_accuracy(acc).startswith("75.0% [")
+    assert fmt.accuracy(acc).startswith("75.0% [")
     rows = [{"iteration": i, "pool_size": 4 + i, "accepted": 1, "filtered": 1, "no_question": 0, "proposer_reward": 0.5,
              "proposer_difficulty": 0.2, "solver_reward": 0.4, "judge_format": 0.0} for i in range(3)]
     props = [{"iteration": i, "accepted": a, "quality": q} for i in range(3) for a, q in ((True, 0.8), (False, 0.1))]

@@ -4,7 +4,8 @@ held-out judge evaluation."""
 import pandas as pd
 import pytest
 
-from replication import mae, mae_eval, models, tasks
+from replication.lm import models, tasks
+from replication.papers.mae import mae, mae_eval
 
 
 def _table(correct, tokens=20):

@@ -3,7 +3,7 @@ the trained model as judge (`self_judge`, release cf2ea62), an external judge (`
 later last-number fallback (`last_number`, d71c00b)."""
 import pytest
 
-from replication import mae, mae_scores
+from replication.papers.mae import mae, mae_scores
 
 SELF, EXTERNAL, LAST = mae_scores.SCORE_RULES
 

@@ -1,12 +1,14 @@
 """MALT pieces against hand-worked trees: value iteration, pooling, pairs, voting, adapters, DPO reference,
-and notebook 05's held-out protocol (accuracies, paired differences, answer changes) through replication.stats."""
+and notebook 05's held-out protocol (accuracies, paired differences, answer changes) through replication.core.stats."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from replication import cache, config, dpo, malt, malt_eval, models, stats, tasks
+from replication.core import cache, config, stats
+from replication.lm import dpo, models, tasks
+from replication.papers.malt import malt, malt_eval
 
 # One question, n = 2: leaves under (g0, v00), (g0, v01), (g1, v10), (g1, v11).
 REWARD_N2 = np.array([[[[1, 0], [1, 1]], [[0, 0], [0, 1]]]])
@@ -487,7 +489,7 @@ def test_sft_and_dpo_log_probs_encode_each_prompt_once_with_the_plain_values_and
     """dpo._seq_logps (SFT and DPO batches: every DPO prompt twice, MALT's prompts led by the same worked examples)
     encodes each distinct prompt once and the shared leading run once: the per-token log-probs and the LoRA
     gradient of the summed log-probs equal one plain pass over each prompt + completion (fp32, 1e-5)."""
-    from replication import training
+    from replication.lm import training
 
     torch.manual_seed(0)
     model, tok = models.tiny_model(seed=0)

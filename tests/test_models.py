@@ -3,7 +3,8 @@ import importlib.util
 import pytest
 import torch
 
-from replication import files, models
+from replication.core import files
+from replication.lm import models
 
 
 def test_tiny_model_generates_deterministically(tiny):

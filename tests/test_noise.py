@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from replication import noise
+from replication.core import fmt
+from replication.papers.elo_evolve import noise
 
 
 def simulate(n=4000, a=0.8, b=1.0, sigma=0.5, k=5, seed=0):
@@ -108,7 +109,7 @@ def test_interval_of_undefined_draws_is_uninformative():
 
 
 def test_paper_statistics_reproduce_within_their_rounding():
-    from replication import paper
+    from replication.core import paper
 
     stats = paper.table("elo_evolve_noise").set_index("statistic")["value"]
     repro = noise.reproduce_paper(stats, paper.table("elo_evolve_noise_by_gap"))
@@ -142,8 +143,8 @@ def test_coverage_band_and_calibration_run():
 
 
 def test_formatting_and_tables():
-    assert noise.fmt(np.inf) == "inf" and noise.fmt(1.234) == "1.23" and noise.fmt_ci([0.5, np.inf]) == "[0.50, inf]"
-    from replication import paper
+    assert fmt.number(np.inf) == "inf" and fmt.number(1.234) == "1.23" and fmt.ci([0.5, np.inf]) == "[0.50, inf]"
+    from replication.core import paper
 
     fit = noise.fit_pairwise([1, 1, 1, 2, 2], [1, 1, 0, 1, 0])
     table = noise.by_gap_table(paper.table("elo_evolve_noise_by_gap"), {"fit": fit})
@@ -159,7 +160,7 @@ def test_formatting_and_tables():
 def test_paper_csv_reproduces_with_the_estimators():
     import pandas as pd
 
-    from replication import config
+    from replication.core import config
 
     by_gap = pd.read_csv(config.ROOT / "data/paper/elo_evolve_noise_by_gap.csv")
     stats = pd.read_csv(config.ROOT / "data/paper/elo_evolve_noise.csv").set_index("statistic")["value"]

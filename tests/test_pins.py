@@ -8,7 +8,7 @@ import yaml
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
-from replication import config
+from replication.core import config
 
 LOCK = config.ROOT / "requirements.lock"
 LOCK_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)(\s*;\s*(.+))?$")

@@ -3,7 +3,7 @@ as fp32 within the stated tolerance, and the fp32 model is left exactly as it wa
 import pytest
 import torch
 
-from replication import grpo, loop, models, training
+from replication.lm import grpo, loop, models, training
 
 # the tolerance stated in GRPOConfig.update_dtype's comment. The loss's error is all in its KL term (the ratio is 1
 # here, so the policy term is exact) and depends on the CPU's bf16 kernels: measured on the 135M model 4e-3 on a CPU

@@ -120,7 +120,7 @@ def tiny_book(folder: Path) -> Path:
     params = new_code_cell("profile = 'default'\nseed = 0\nn = 3")
     params.metadata["tags"] = ["parameters"]
     nb.cells = [new_markdown_cell(MARKDOWN), params, new_code_cell(
-        'from replication import workbook\nfrom replication.figures import savefig\nimport matplotlib.pyplot as plt\n'
+        'from replication import workbook\nfrom replication.core.figures import savefig\nimport matplotlib.pyplot as plt\n'
         'from tqdm.auto import tqdm\nrun = workbook.start("01_first", profile=profile, seed=seed)\n'
         'for i in tqdm(range(n), desc="inner"):\n    pass\n'
         'plt.plot(range(n))\nsavefig("01a_line", "A line of $n$ points.")\n'

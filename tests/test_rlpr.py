@@ -8,8 +8,10 @@ import pytest
 import torch
 from scipy.stats import mannwhitneyu
 
-from replication import answers, config, grpo, loop, models, reward_quality, rlpr, rlpr_training, stats
-from replication.rollout import Recorder
+from replication.core import config, stats
+from replication.lm import grpo, loop, models, training
+from replication.lm.rollout import Recorder
+from replication.papers.rlpr import answers, reward_quality, rlpr, rlpr_training
 
 
 def merging_tokenizer():
@@ -28,7 +30,7 @@ def merging_tokenizer():
 def scored_text(tok, text, reference):
     o, a, b = answers.replace_answer(text, reference)
     enc = tok(o, add_special_tokens=False, return_offsets_mapping=True)
-    mask = rlpr.reference_mask(enc["offset_mapping"], a, b)
+    mask = training.reference_mask(enc["offset_mapping"], a, b)
     return o, "".join(o[s:e] for (s, e), m in zip(enc["offset_mapping"], mask) if m)
 
 
@@ -61,7 +63,7 @@ def test_repeated_substring_scores_only_the_answer(tiny):
     o, scored = scored_text(tiny[1], "7 + 0 = 7, so 7. The answer is 9.", "7")
     enc = tiny[1](o, add_special_tokens=False, return_offsets_mapping=True)
     a = o.rindex("7")
-    mask = rlpr.reference_mask(enc["offset_mapping"], a, a + 1)
+    mask = training.reference_mask(enc["offset_mapping"], a, a + 1)
     assert scored == "7" and sum(mask) == 1 and enc["offset_mapping"][mask.index(True)] == (a, a + 1)
 
 
@@ -75,7 +77,7 @@ def test_token_merged_across_the_tag_boundary_is_scored():
 
 def test_reference_mask_overlap_rule():
     offsets = [(0, 3), (3, 5), (5, 9), (9, 9), (9, 12)]
-    assert rlpr.reference_mask(offsets, 4, 9) == [False, True, True, False, False]
+    assert training.reference_mask(offsets, 4, 9) == [False, True, True, False, False]
 
 
 def test_token_probs_match_a_direct_forward_pass(tiny):
@@ -189,7 +191,7 @@ def test_reward_side_data_reach_the_rollout_record():
     assert "answer_found" in batch.metrics and "answer_found" in grpo.step_stats(batch)
 
 
-# ---- statistics used by reward quality (replication.stats) ----
+# ---- statistics used by reward quality (replication.core.stats) ----
 
 def test_auc_matches_mannwhitney():
     rng = np.random.default_rng(0)
@@ -311,7 +313,7 @@ def test_questions_are_reproducible_and_match_the_committed_file():
 
 
 def test_heldout_size_styles_and_worked_examples():
-    from replication import tasks
+    from replication.lm import tasks
 
     split = answers.make_questions(10, 0, seed=0, n_heldout=30, styles=("digits",))
     assert len(split["train"]) == 10 and len(split["heldout"]) == 30 and not split["train"][0].kind == "factual"
@@ -390,7 +392,7 @@ def heldout_table(correct, tokens=12):
 
 
 def test_answer_heldout_and_paired_difference(tiny):
-    from replication import tasks
+    from replication.lm import tasks
 
     qs = answers.make_questions(3, 1, seed=0)["heldout"]
     shots = tasks.worked_examples("1d-1step-add", 1)

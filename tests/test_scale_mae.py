@@ -1,15 +1,17 @@
-"""Multi-Agent Evolve on TRL (replication.scale_mae) against the workbook's own iteration on one batch of the tiny
+"""Multi-Agent Evolve on TRL (replication.scale.trl_mae) against the workbook's own iteration on one batch of the tiny
 model: the same rewards, per-role advantages and loss."""
 import dataclasses
 
 import pytest
 import torch
 
-from replication import config, loop, mae, tasks
+from replication.core import config
+from replication.lm import loop, tasks
+from replication.papers.mae import mae
 
 trl = pytest.importorskip("trl")
-scale_mae = pytest.importorskip("replication.scale_mae")
-from replication import scale_run  # noqa: E402  (needs trl)
+trl_mae = pytest.importorskip("replication.scale.trl_mae")
+from replication.scale import train  # noqa: E402  (needs trl)
 
 TINY = config.ROOT / "configs" / "tiny" / "mae.yaml"
 QUESTION = "Tom has 4 apples and gets 3 more apples. How many apples does Tom have?</question>"
@@ -30,8 +32,8 @@ def mixed(call: int, prefill: str, texts: list) -> list:
 def mae_trainer(tmp_path, sets=()):
     """The train command's MAE trainer on the tiny config, its LoRA weights moved off zero, and its generate
     wrapped to give mixed rewards and record every call (for replay)."""
-    cfg = scale_run.read_config("mae", TINY, [f"output_dir={tmp_path}", *sets])
-    trainer, _, _ = scale_run.build("mae", cfg)
+    cfg = train.read_config("mae", TINY, [f"output_dir={tmp_path}", *sets])
+    trainer, _, _ = train.build("mae", cfg)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in trainer.model.named_parameters():
@@ -68,7 +70,7 @@ def test_mae_rewards_advantages_and_loss_match_the_workbook(tmp_path):
     out = trainer._generate_and_score_completions([])
     loss = trainer.compute_loss(trainer.model, out)
     # the workbook's own iteration on the same replies: rewards, per-role advantages, the joint update's loss
-    mcfg = scale_run.mae_config(cfg)
+    mcfg = train.mae_config(cfg)
     wb = mae.collect(replay(calls), mae.QuestionPool.from_problems(seeds), mcfg, 0)
     chunks = wb["chunks"]
     roles = [role for role, gen, rewards in chunks for _ in rewards]
@@ -117,10 +119,10 @@ class Capture(torch.optim.SGD):
 def test_role_advantages_from_rows_equal_the_workbooks_on_masks():
     rows = [("proposer", 0.2, 3), ("proposer", 0.9, 5), ("solver", 0.5, 2), ("judge", 1.0, 4), ("solver", 0.0, 6),
             ("judge", 0.0, 1), ("judge", 1.0, 2)]
-    got = scale_mae.role_advantages(rows)
+    got = trl_mae.role_advantages(rows)
     want = mae.role_advantages([[r] for _, r, _ in rows], [torch.ones((1, n)) for *_, n in rows], [x for x, _, _ in rows])
     assert got == [float(a[0, 0]) for a in want] and len(set(got)) > 3
-    same = scale_mae.role_advantages([("judge", 1.0, 3), ("judge", 1.0, 5)])
+    same = trl_mae.role_advantages([("judge", 1.0, 3), ("judge", 1.0, 5)])
     assert same == [0.0, 0.0]
 
 
@@ -136,19 +138,19 @@ def test_pool_state_round_trips_and_bad_settings_are_named(tmp_path):
                        ("mae: {score_rule: first}", "score_rule"), ("data: {n_seed_questions: 0}", "data.n_seed_questions")):
         path.write_text(text)
         with pytest.raises(ValueError, match=name):
-            scale_run.read_config("mae", path)
+            train.read_config("mae", path)
     for sets, name in ((["trl.beta=0.04"], "trl.beta"), (["trl.loss_type=grpo"], "trl.loss_type")):
         with pytest.raises(ValueError, match=name.replace(".", r"\.")):
             mae_trainer(tmp_path, sets)
 
 
 def test_paper_config_holds_the_papers_settings():
-    from replication import paper
+    from replication.core import paper
 
-    cfg = scale_run.read_config("mae", config.ROOT / "configs" / "paper" / "mae.yaml")
+    cfg = train.read_config("mae", config.ROOT / "configs" / "paper" / "mae.yaml")
     P = paper.table("mae_settings").set_index("quantity")["value"].astype(float)
     t, m = cfg["trl"], cfg["mae"]
     assert (t["learning_rate"], t["beta"], t["temperature"], t["max_steps"]) == (P["lr"], P["kl_coef"], P["temperature"], P["steps"])
     assert (m["n_solve"], m["reference_ratio"], m["quality_threshold"]) == (P["n_solve"], P["reference_ratio"], P["quality_threshold"])
     assert m["proposals"] * 8 == P["batch_per_role"]  # per process, on 8 GPUs
-    assert scale_run.mae_config(cfg).judge == "self" and t["loss_type"] == "dapo"
+    assert train.mae_config(cfg).judge == "self" and t["loss_type"] == "dapo"

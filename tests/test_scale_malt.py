@@ -1,4 +1,4 @@
-"""MALT on TRL (replication.scale_malt): TRL's SFT and DPO losses against the workbook's (dpo.sft_loss, dpo.dpo_loss)
+"""MALT on TRL (replication.scale.trl_malt): TRL's SFT and DPO losses against the workbook's (dpo.sft_loss, dpo.dpo_loss)
 on the same examples and pairs of the tiny config's trees, the DPO reference being the SFT policy, and the train
 command on one process."""
 import json
@@ -10,11 +10,13 @@ import time
 import pytest
 import torch
 
-from replication import config, dpo, malt
+from replication.core import config
+from replication.lm import dpo
+from replication.papers.malt import malt
 
 trl = pytest.importorskip("trl")
-scale_malt = pytest.importorskip("replication.scale_malt")
-from replication import scale_run  # noqa: E402  (needs trl)
+trl_malt = pytest.importorskip("replication.scale.trl_malt")
+from replication.scale import train  # noqa: E402  (needs trl)
 
 TINY = config.ROOT / "configs" / "tiny" / "malt.yaml"
 ROLE = "refiner"  # the role with the most examples and pairs in the tiny trees
@@ -22,9 +24,9 @@ ROLE = "refiner"  # the role with the most examples and pairs in the tiny trees
 
 def setup(tmp_path):
     """The tiny config, its trees (the committed file: sampling them would fail here) and the refiner's data."""
-    cfg = scale_run.read_config("malt", TINY, [f"output_dir={tmp_path}"])
-    tree = scale_malt.trees(cfg, lambda *a: pytest.fail("the committed tree file must match the tiny config"))
-    sft, pairs = scale_malt.role_data(tree, cfg)[ROLE]
+    cfg = train.read_config("malt", TINY, [f"output_dir={tmp_path}"])
+    tree = trl_malt.trees(cfg, lambda *a: pytest.fail("the committed tree file must match the tiny config"))
+    sft, pairs = trl_malt.role_data(tree, cfg)[ROLE]
     assert len(sft) >= 2 and len(pairs) >= 2
     return cfg, sft, pairs
 
@@ -45,8 +47,8 @@ def batch_of(trainer):
 
 def test_sft_then_dpo_losses_match_the_workbook_with_the_sft_policy_as_reference(tmp_path):
     cfg, sft, pairs = setup(tmp_path)
-    model, tok = scale_run.load(cfg)
-    sft_trainer = scale_malt.sft_trainer(cfg, ROLE, model, tok, sft, scale_run.lora_config(cfg))
+    model, tok = train.load(cfg)
+    sft_trainer = trl_malt.sft_trainer(cfg, ROLE, model, tok, sft, train.lora_config(cfg))
     model = sft_trainer.model
     perturb(model)
     model.train()
@@ -57,7 +59,7 @@ def test_sft_then_dpo_losses_match_the_workbook_with_the_sft_policy_as_reference
     # within 1e-6 relative: the same tokens and positions, batched and padded differently (fp32 sums of ~400 terms)
     assert abs(float(got - want)) < 1e-6 * float(want) and float(want) > 0.1
     # DPO from that policy: TRL copies it into the frozen "ref" adapter, the workbook takes its log-probs up front
-    dpo_trainer = scale_malt.dpo_trainer(cfg, ROLE, model, tok, pairs)
+    dpo_trainer = trl_malt.dpo_trainer(cfg, ROLE, model, tok, pairs)
     model = dpo_trainer.model
     assert set(model.peft_config) == {"default", "ref"}
     params = dict(model.named_parameters())
@@ -76,9 +78,9 @@ def test_sft_then_dpo_losses_match_the_workbook_with_the_sft_policy_as_reference
 def test_trees_are_keyed_by_their_settings_and_roles_cut_to_the_limits(tmp_path):
     cfg, _, _ = setup(tmp_path)
     saved = json.loads((config.ROOT / cfg["malt"]["tree_file"]).read_text())
-    assert saved["key"] == scale_malt.tree_key(cfg)
-    assert scale_malt.tree_key({**cfg, "seed": 1}) != saved["key"]
-    data = scale_malt.role_data(saved["tree"], {**cfg, "malt": {**cfg["malt"], "max_sft": 1, "max_pairs": 1}})
+    assert saved["key"] == trl_malt.tree_key(cfg)
+    assert trl_malt.tree_key({**cfg, "seed": 1}) != saved["key"]
+    data = trl_malt.role_data(saved["tree"], {**cfg, "malt": {**cfg["malt"], "max_sft": 1, "max_pairs": 1}})
     assert all(len(s) <= 1 and len(p) <= 1 for s, p in data.values())
     assert data[ROLE][0][0] in malt.sft_examples(saved["tree"])[ROLE]
 
@@ -90,7 +92,7 @@ def test_bad_malt_settings_are_named(tmp_path):
                        ("dpo: {betta: 1}", r"dpo\.betta"), ("trl: {beta: 0}", "config section")):
         path.write_text(text)
         with pytest.raises(ValueError, match=name):
-            scale_run.read_config("malt", path)
+            train.read_config("malt", path)
 
 
 def test_train_command_runs_sft_then_dpo_for_every_role(tmp_path):

@@ -1,11 +1,11 @@
-"""The workbook's statistics (replication.stats) and its one verdict rule (replication.verdicts) on known cases."""
+"""The workbook's statistics (replication.core.stats) and its one verdict rule (replication.core.verdicts) on known cases."""
 import math
 
 import numpy as np
 import pytest
 from scipy import stats as st
 
-from replication import stats, verdicts
+from replication.core import fmt, stats, verdicts
 
 # ---- proportions -------------------------------------------------------------------------------------
 
@@ -61,7 +61,7 @@ def test_paired_bootstrap_needs_paired_outcomes():
 
 
 def test_fmt_diff():
-    assert stats.fmt_diff((0.031, -0.012, 0.075)) == "+0.031 [-0.012, +0.075]"
+    assert fmt.diff((0.031, -0.012, 0.075)) == "+0.031 [-0.012, +0.075]"
 
 
 # ---- AUC -----------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from replication import config
+from replication.core import config
 
 PACKAGE = config.ROOT / "replication"
 MAX_LINES = 400
@@ -142,4 +142,4 @@ def test_notebook_types_no_paper_number(path):
     held = paper_numbers()
     typed = typed_numbers(nbformat.read(path, as_version=4))
     hits = {raw: held[key] for key, raw in typed.items() if key in held}
-    assert not hits, f"{path.name} types paper numbers {hits}; read them with replication.paper"
+    assert not hits, f"{path.name} types paper numbers {hits}; read them with replication.core.paper"

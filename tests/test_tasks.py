@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from replication import tasks
+from replication.lm import tasks
 
 
 def test_generator_is_deterministic_and_seeded():

@@ -6,8 +6,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from replication import config, files, params, workbook
-from replication.figures import savefig
+from replication import workbook
+from replication.core import config, files, params
+from replication.core.figures import savefig
 
 
 def test_run_record_and_figures(runs):

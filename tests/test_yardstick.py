@@ -2,7 +2,8 @@
 import pandas as pd
 import pytest
 
-from replication import tasks, yardstick
+from replication.lm import tasks
+from replication.setup import yardstick
 
 
 @pytest.mark.parametrize("level", list(tasks.LEVELS))

@@ -1,0 +1,157 @@
+"""Each notebook's parameters as a typed dataclass, built and validated by one call from its parameters cell.
+
+The notebook's tagged `parameters` cell is the single source of the default values; the profiles in
+`notebooks/params/<notebook>.json` hold only what they change (papermill injects them after the cell).
+`build(stem, namespace)` picks the fields out of the cell's names, checks each one's type and range, then
+the notebook's cross-field rules, and raises a ValueError naming the parameter and what is allowed.
+"""
+import ast
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import config
+
+
+def p(minimum=None, low=None, high=None, choices=None, each=None):
+    """A field's rule: integer minimum, number range [low, high], a choice, or a rule for each list item."""
+    return field(metadata={"minimum": minimum, "low": low, "high": high, "choices": choices, "each": each})
+
+
+def _check(name: str, value, kind, rule: dict) -> None:
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return
+        kind = [a for a in args if a is not type(None)][0]
+        origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is int:
+        config.check_int(name, value, minimum=1 if rule.get("minimum") is None else rule["minimum"])
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name}={value!r} is not allowed; it must be a number")
+    elif kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} is not allowed; it must be True or False")
+    elif kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{name}={value!r} is not allowed; it must be a string")
+    elif (origin or kind) in (list, dict):
+        if not isinstance(value, origin or kind) or not value:
+            raise ValueError(f"{name}={value!r} is not allowed; it must be a non-empty {(origin or kind).__name__}")
+        items = value if (origin or kind) is list else list(value.values())
+        item_kind = args[0] if (origin or kind) is list and args else (args[1] if args else None)
+        for x in items:
+            if item_kind is not None:
+                _check(name, x, item_kind, rule.get("each") or {})
+            elif rule.get("each"):
+                _check(name, x, type(x), rule["each"])
+        return
+    if rule.get("low") is not None or rule.get("high") is not None:
+        low = -float("inf") if rule.get("low") is None else rule["low"]
+        high = float("inf") if rule.get("high") is None else rule["high"]
+        config.check_range(name, value, low, high)
+    if rule.get("choices") is not None:
+        config.check_choice(name, value, tuple(rule["choices"]))
+
+
+@dataclass
+class Params:
+    """Fields every notebook has; subclasses add theirs and may override `check` for cross-field rules."""
+
+    profile: str = p(choices=config.PROFILES)
+    seed: int = p(minimum=0)
+
+    def check(self) -> None:
+        """Rules that involve more than one parameter."""
+
+    def validate(self) -> "Params":
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            rule = {k: v for k, v in f.metadata.items() if v is not None}
+            each = f.metadata.get("each")
+            if each is not None:
+                rule["each"] = each.metadata if isinstance(each, dataclasses.Field) else each
+            _check(f.name, getattr(self, f.name), hints[f.name], rule)
+        self.check()
+        return self
+
+    def at_most(self, name: str, limit, what: str) -> None:
+        """A cross-field rule: parameter `name` may not exceed `limit` (described by `what`)."""
+        if getattr(self, name) > limit:
+            raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; it must be <= {what} = {limit}")
+
+
+MODEL = p()  # a model name known to replication.lm.models or a local checkpoint folder
+REGISTRY = {}  # notebook stem -> parameter class (filled by replication.settings)
+
+
+def notebook(stem: str):
+    """Register a parameter class for the notebook `stem`."""
+    def wrap(cls):
+        REGISTRY[stem] = cls
+        return cls
+    return wrap
+
+
+def build(stem: str, namespace: dict) -> Params:
+    """The notebook's parameter dataclass from the names of its parameters cell, validated."""
+    if stem not in REGISTRY:
+        raise ValueError(f"notebook={stem!r} has no parameter class; choose one of {', '.join(sorted(REGISTRY))}")
+    cls = REGISTRY[stem]
+    names = [f.name for f in dataclasses.fields(cls)]
+    missing = [n for n in names if n not in namespace]
+    if missing:
+        raise ValueError(f"the parameters cell of {stem} lacks {', '.join(missing)}")
+    return cls(**{n: namespace[n] for n in names}).validate()
+
+
+# ---- profiles in runs by hand: papermill -p profile smoke, or the cell edited in JupyterLab ----------------
+
+def cell_values(path) -> dict:
+    """The plain values of the notebook's cell tagged `parameters`, read from its .ipynb file."""
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            values = {}
+            exec("".join(cell["source"]), {}, values)  # noqa: S102 - plain assignments, the notebook's own cell
+            return values
+    raise ValueError(f"{path} has no cell tagged 'parameters'")
+
+
+def profile_values(stem: str, profile: str, folder) -> dict:
+    """What a profile changes in a notebook's parameters, from <folder>/params/<stem>.json."""
+    config.check_choice("profile", profile, config.PROFILES)
+    path = Path(folder) / "params" / f"{stem}.json"
+    if not path.is_file():
+        raise ValueError(f"{path} is missing; every notebook needs a parameter file with one entry per profile")
+    table = json.loads(path.read_text(encoding="utf-8"))
+    if profile not in table:
+        raise ValueError(f"{path} has no {profile!r} entry; add one (profiles: {', '.join(config.PROFILES)})")
+    return table[profile]
+
+
+def injected_names(namespace: dict) -> set:
+    """The names papermill injected (`-p name value`): the assignments of the latest executed cell that starts with
+    papermill's '# Parameters' line (IPython keeps the sources of the executed cells in `In`)."""
+    for source in reversed(namespace.get("In") or []):
+        if source.startswith("# Parameters\n"):
+            return {t.id for node in ast.parse(source).body if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Name)}
+    return set()
+
+
+def profile_changes(stem: str, namespace: dict, folder) -> dict:
+    """The profile's values (notebooks/params/<stem>.json) for a run by hand, for every parameter not set by hand.
+
+    Set by hand means injected by papermill (`-p name value`) or holding another value than the committed
+    parameters cell (<folder>/<stem>.ipynb), e.g. edited in JupyterLab. An edit back to the committed value
+    cannot be told apart from no edit, and takes the profile's value."""
+    changes = profile_values(stem, namespace.get("profile"), folder)
+    if not changes:
+        return {}
+    cell = cell_values(Path(folder) / f"{stem}.ipynb")
+    given = injected_names(namespace) | {n for n in cell if n in namespace and namespace[n] != cell[n]}
+    return {n: v for n, v in changes.items() if n not in given}

@@ -1,0 +1,153 @@
+"""The workbook's statistics, once: proportion intervals, the bootstrap, AUC/ROC, McNemar, agreement, win rates.
+
+Every interval is a 95% interval unless `alpha` says otherwise. Differences are always (a - b).
+"""
+import math
+
+import numpy as np
+import pandas as pd
+from statsmodels.stats.proportion import proportion_confint
+
+
+def proportion_ci(k, n, alpha: float = 0.05, method: str = "wilson"):
+    """(p, low, high): a proportion with its Wilson interval (statsmodels)."""
+    if n <= 0:
+        raise ValueError(f"n={n} is not allowed; a proportion needs n >= 1")
+    lo, hi = proportion_confint(k, n, alpha=alpha, method=method)
+    p = k / n  # at k = 0 or n the interval's end can miss p by a rounding error (1e-16): clamp it
+    return p, min(float(lo), p), max(float(hi), p)
+
+
+def accuracy_table(df: pd.DataFrame, by, column: str = "correct", alpha: float = 0.05) -> pd.DataFrame:
+    """Per-group accuracy with n and a Wilson interval, from a 0/1 column."""
+    rows = []
+    keys = [by] if isinstance(by, str) else list(by)
+    for key, g in df.groupby(by, sort=False):
+        k, n = int(np.sum(g[column])), len(g)
+        p, lo, hi = proportion_ci(k, n, alpha)
+        rows.append({**dict(zip(keys, [key] if isinstance(by, str) else key)),
+                     "n": n, "accuracy": p, "ci_low": lo, "ci_high": hi})
+    return pd.DataFrame(rows)
+
+
+# ---- the bootstrap ---------------------------------------------------------------------------------
+
+def bootstrap(statistic, *columns, groups=None, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05):
+    """(estimate, low, high): percentile bootstrap of statistic(*columns) over rows, or over whole groups
+    (e.g. questions, the unit of dependence) when `groups` labels the rows. Non-finite draws are ignored."""
+    cols = [np.asarray(c) for c in columns]
+    n = len(cols[0])
+    if n == 0 or any(len(c) != n for c in cols):
+        raise ValueError("the columns must be non-empty and equally long")
+    rng = np.random.default_rng(seed)
+    if groups is None:
+        idx = rng.integers(0, n, size=(n_boot, n))
+    else:
+        g = np.asarray(groups)
+        members = [np.flatnonzero(g == k) for k in dict.fromkeys(g.tolist())]
+        picks = rng.integers(0, len(members), size=(n_boot, len(members)))
+        idx = [np.concatenate([members[j] for j in row]) for row in picks]
+    draws = np.array([statistic(*(c[i] for c in cols)) for i in idx], dtype=float)
+    draws = draws[np.isfinite(draws)]
+    est = float(statistic(*cols))
+    if not len(draws):
+        return est, float("nan"), float("nan")
+    lo, hi = np.quantile(draws, [alpha / 2, 1 - alpha / 2])
+    return est, float(lo), float(hi)
+
+
+def paired_bootstrap(a, b, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05, groups=None):
+    """(mean(a) - mean(b), low, high) over paired outcomes (the same items), percentile bootstrap."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or not len(a):
+        raise ValueError("a and b must be equally long, non-empty 1-d sequences of paired outcomes")
+    return bootstrap(lambda x: x.mean(), a - b, groups=groups, n_boot=n_boot, seed=seed, alpha=alpha)
+
+
+# ---- ranking: AUC and ROC --------------------------------------------------------------------------
+
+def auc(scores, labels) -> float:
+    """ROC-AUC by the rank (Mann-Whitney) formula with mid-ranks for ties; nan if a class is empty."""
+    from scipy.stats import rankdata
+
+    s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=bool)
+    n1, n0 = int(y.sum()), int((~y).sum())
+    if n1 == 0 or n0 == 0:
+        return float("nan")
+    ranks = rankdata(s)
+    return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def roc_curve(scores, labels):
+    """(false positive rate, true positive rate) at every threshold, from the highest score down."""
+    s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=bool)
+    order = np.argsort(-s, kind="stable")
+    s, y = s[order], y[order]
+    last = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1]  # last index of each distinct score
+    tp, fp = np.cumsum(y)[last], np.cumsum(~y)[last]
+    return np.r_[0, fp / max((~y).sum(), 1)], np.r_[0, tp / max(y.sum(), 1)]
+
+
+def within_auc(scores, labels, groups) -> float:
+    """Mean AUC inside groups that have both classes: what a per-group baseline sees."""
+    s, y, g = np.asarray(scores), np.asarray(labels, dtype=bool), np.asarray(groups)
+    vals = [auc(s[g == k], y[g == k]) for k in dict.fromkeys(g.tolist())]
+    vals = [v for v in vals if not math.isnan(v)]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+# ---- paired 0/1 outcomes and judges ----------------------------------------------------------------
+
+def mcnemar(before, after) -> dict:
+    """Exact McNemar test on paired 0/1 outcomes (a binomial test on the discordant pairs)."""
+    from scipy.stats import binomtest
+
+    b, a = np.asarray(before, bool), np.asarray(after, bool)
+    if b.shape != a.shape:
+        raise ValueError("before and after must be equally long (the same items)")
+    gained, lost = int(np.sum(~b & a)), int(np.sum(b & ~a))
+    p = binomtest(gained, gained + lost, 0.5).pvalue if gained + lost else 1.0
+    return {"gained": gained, "lost": lost, "change": float(a.mean() - b.mean()), "p_value": float(p)}
+
+
+def agreement(scores, correct, cut: float = 0.5) -> dict:
+    """How well judge scores track a verifier: agreement of (score >= cut) with correctness (Wilson 95%),
+    the majority-class baseline, the rate of 'correct' verdicts and the AUC."""
+    s, c = np.asarray(scores, float), np.asarray(correct, bool)
+    p, lo, hi = proportion_ci(int(np.sum((s >= cut) == c)), len(s))
+    return {"n": len(s), "agreement": p, "ci95": [lo, hi], "majority_baseline": float(max(c.mean(), 1 - c.mean())),
+            "says_correct_rate": float(np.mean(s >= cut)), "auc": auc(s, c)}
+
+
+# ---- win rates -------------------------------------------------------------------------------------
+
+def win_rate(p, seed: int = 0) -> dict:
+    """Mean of per-item win probabilities with a percentile bootstrap 95% interval."""
+    p = np.asarray(p, float)
+    if np.ptp(p) == 0:
+        return {"win_rate": float(p.mean()), "ci95": [float(p.mean())] * 2}
+    est, lo, hi = bootstrap(lambda x: x.mean(), p, seed=seed)
+    return {"win_rate": est, "ci95": [lo, hi]}
+
+
+def lc_win_rate(p, len_model, len_ref) -> dict:
+    """Length-controlled win rate (the AlpacaEval GLM idea): fit logit P(win) = theta + phi * tanh(d / sd(d))
+    with d the length difference in words (statsmodels binomial GLM on the win probabilities) and report
+    sigmoid(theta), the win rate at equal length, with its 95% interval."""
+    import statsmodels.api as sm
+
+    p = np.clip(np.asarray(p, float), 0.0, 1.0)
+    d = np.asarray(len_model, float) - np.asarray(len_ref, float)
+    sd = d.std()
+    x = np.tanh(d / sd) if sd > 0 else np.zeros_like(d)
+    sig = lambda t: 1 / (1 + math.exp(-t))  # noqa: E731
+    if np.ptp(x) == 0:
+        out = win_rate(p)
+        return {"lc_win_rate": out["win_rate"], "ci95": out["ci95"], "length_coef": 0.0}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # perfect separation on small samples: the wide interval says so
+        fit = sm.GLM(p, sm.add_constant(x), family=sm.families.Binomial()).fit()
+    lo, hi = fit.conf_int()[0]
+    return {"lc_win_rate": sig(fit.params[0]), "ci95": [sig(lo), sig(hi)], "length_coef": float(fit.params[1])}

@@ -1,0 +1,132 @@
+"""The one resumable training loop, and the run folder it keeps its log and checkpoints in.
+
+Every trainer of the workbook (GRPO, RLPR's filtered GRPO, Elo-Evolve, MAE) is a step function on
+`run(...)`: the loop alone restores the latest checkpoint (trainable weights, optimizer, RNG states and the
+loop's own state), logs one row per step, checkpoints every `save_every` steps and after the last one,
+marks the run done, and on a finished run loads its final weights and returns what it logged.
+"""
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from replication.core import config, files
+
+
+def trainable(model) -> dict:
+    """The parameters the optimizer updates (the active LoRA adapter), by name."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+class RunFolder:
+    """A training run's folder: config, step log (JSONL), checkpoints, and a done marker."""
+
+    def __init__(self, folder):
+        self.path = Path(folder)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.path / "metrics.jsonl"
+
+    @classmethod
+    def keyed(cls, base, name: str, key: dict):
+        """base/<name>-<hash of key>: the same configuration finds the same folder."""
+        folder = cls(Path(base) / f"{name}-{files.digest(key)}")
+        if not (folder.path / "config.json").is_file():
+            files.write_json(folder.path / "config.json", key)
+        return folder
+
+    @property
+    def done(self) -> bool:
+        return (self.path / "done.json").is_file()
+
+    def mark_done(self, summary: dict) -> None:
+        files.write_json(self.path / "done.json", summary)
+
+    def log(self, row: dict) -> None:
+        with self.log_path.open("a") as f:
+            f.write(json.dumps(row, default=files._jsonable) + "\n")
+
+    def rows(self) -> list:
+        if not self.log_path.is_file():
+            return []
+        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+
+    def save(self, step: int, model, optimizer, extra=None, keep: int = None) -> Path:
+        """Checkpoint after `step` completed steps: trainable weights, optimizer, RNG states and `extra`,
+        written atomically; with `keep`, only the newest `keep` checkpoints stay."""
+        path = self.path / "checkpoints" / f"step_{step:06d}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        state = {"step": step, "weights": {n: p.detach().clone() for n, p in trainable(model).items()},
+                 "optimizer": optimizer.state_dict(), "rng": rng_state(), "extra": extra or {}}
+        torch.save(state, tmp)
+        tmp.replace(path)
+        if keep:
+            for old in sorted(path.parent.glob("step_*.pt"))[:-keep]:
+                old.unlink()
+        return path
+
+    def latest(self):
+        ckpts = sorted((self.path / "checkpoints").glob("step_*.pt"))
+        return ckpts[-1] if ckpts else None
+
+    def restore(self, model, optimizer) -> dict:
+        """Load the latest checkpoint into model and optimizer; truncate the log to it. Returns its state."""
+        path = self.latest()
+        if path is None:
+            return {"step": 0, "extra": {}}
+        state = torch.load(path, weights_only=False)
+        params = trainable(model)
+        with torch.no_grad():
+            for n, w in state["weights"].items():
+                params[n].copy_(w)
+        optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"])
+        files.write_text(self.log_path, "".join(json.dumps(r) + "\n" for r in self.rows() if r["step"] < state["step"]))
+        return state
+
+
+def run(step_fn, num_steps: int, model, optimizer, folder: RunFolder = None, state: dict = None,
+        save_every: int = 10, keep: int = None, desc: str = "train", postfix=None, summary: dict = None,
+        progress: bool = True):
+    """Steps start..num_steps of `step_fn(step, state) -> row`, resumable. Returns (rows, state).
+
+    state: the loop's own data (a rating, a filter's EMA, a question pool), mutated by the step function
+    and checkpointed with the weights; plain Python values and tensors only. postfix(row) -> dict of
+    short values for the progress bar. A finished run (folder done) loads its final weights and state."""
+    config.check_int("num_steps", num_steps)
+    config.check_int("save_every", save_every, minimum=0)
+    state = {} if state is None else state
+    start, rows = 0, []
+    if folder is not None:
+        restored = folder.restore(model, optimizer)
+        start = restored["step"]
+        state.update(restored["extra"] or {})
+        rows = folder.rows()
+        if folder.done and start >= num_steps:
+            return rows, state
+    bar = tqdm(range(start, num_steps), initial=start, total=num_steps, desc=desc, disable=not progress)
+    for step in bar:
+        row = {"step": step, **step_fn(step, state)}
+        rows.append(row)
+        if postfix is not None:
+            bar.set_postfix(postfix(row))
+        if folder is not None:
+            folder.log(row)
+            if (save_every and (step + 1) % save_every == 0) or step + 1 == num_steps:
+                folder.save(step + 1, model, optimizer, extra=state, keep=keep)
+    if folder is not None:
+        folder.mark_done({"steps": num_steps, **(summary or {})})
+    return rows, state

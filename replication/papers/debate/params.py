@@ -1,0 +1,40 @@
+"""Notebook 04's parameters (types, ranges, cross-field rules; the defaults live in its parameters cell)
+and the story levels and answer readings it chooses among."""
+from dataclasses import dataclass
+
+from replication.core.params import MODEL, Params, notebook, p
+
+LEVELS = ("absent", "present")  # the distractor absent from the story, or present in a misleading role
+READINGS = ("likelihood", "letter")  # the judge's answer read as each answer's likelihood, or P(A) vs P(B)
+
+
+@notebook("04_debate_judge_accuracy")
+@dataclass
+class Debate(Params):
+    model: str = MODEL
+    level: str = p(choices=LEVELS)
+    reading: str = p(choices=READINGS)
+    check_questions: int = p()
+    check_levels: list = p(each={"choices": LEVELS})
+    check_readings: list = p(each={"choices": READINGS})
+    n_questions: int = p()
+    rounds: int = p()
+    word_limit: int = p()
+    best_of: int = p()
+    temperature: float = p(low=0.01, high=2.0)
+    batch_size: int = p()
+    verdict_checks: int = p()
+    n_debaters: int = p()
+    tournament_rounds: int = p()
+    sim_questions: int = p()
+    n_worlds: int = p()
+    truth_advantage: float = p(low=0.0, high=10.0)
+    rhetoric: float = p(low=0.0, high=10.0)
+    arg_noise: float = p(low=0.0, high=10.0)
+    judge_noise: float = p(low=0.0, high=10.0)
+    judge_noises: list = p(each={"low": 0.0, "high": 10.0})
+
+    def check(self):
+        if self.best_of > 1 and self.rounds != 1:
+            raise ValueError(f"rounds={self.rounds} is not allowed with best_of={self.best_of}: the best-of-1 arm is "
+                             "read from the first candidates of a one-round run (debate.first_candidates)")

@@ -1,0 +1,265 @@
+"""Elo-Evolve's held-out comparison (Table 1 at the workbook's scale): the judge's accuracy on right/wrong pairs, the
+static opponent's rule, training an arm and judging its greedy replies against a reference, the health checks an
+arm must pass before it is compared, the per-arm records, paired differences, the length-controlled difference,
+the policy's rating rise, and the paper's Tables 1-2. Every interval comes from replication.core.stats."""
+import numpy as np
+
+from replication.core import config, files, fmt, paper, stats, verdicts
+from replication.lm import models, tasks
+from . import evolve
+from .evolve import correct, words
+
+STATIC_RULES = ("middle", "strongest", "weakest", "nearest")
+
+
+class VerifierJudge:
+    """The held-out evaluation judge (the role of AlpacaEval's GPT-4): the exact verifier, which the training judge
+    never sees. P(a beats b) = 1 when only a is right, 0 when only b is, 0.5 when both or neither are."""
+
+    name = "verifier"
+
+    def p_win(self, questions, answers, a, b) -> np.ndarray:
+        ca = np.array([correct(x, n) for x, n in zip(a, answers)])
+        cb = np.array([correct(x, n) for x, n in zip(b, answers)])
+        return 0.5 + 0.5 * (ca - cb)
+
+
+def judge_heldout(model, tok, judge, problems, reference, max_new_tokens: int = 32, seed: int = 0,
+                  progress: bool = True, replies=None, shots=(), batch_size: int = 64):
+    """Greedy replies to the held-out problems (tasks.evaluate on p.chat(shots)), or the given replies, judged
+    against the reference replies. Per-problem rows and a summary: win rate, length-controlled win rate and
+    task accuracy (exact verifier) with their 95% intervals (the bootstrap seed is derived from `seed`)."""
+    import pandas as pd
+
+    if replies is None:
+        replies = tasks.evaluate(model, tok, problems, max_new_tokens, batch_size=batch_size,
+                                 prompts=[p.chat(shots) for p in problems], progress=progress)["reply"].tolist()
+    qs, ans = [p.question for p in problems], [p.answer for p in problems]
+    df = pd.DataFrame({"id": [p.id for p in problems], "reply": list(replies), "reference": list(reference),
+                       "p_win": judge.p_win(qs, ans, replies, reference),
+                       "correct": [correct(t, a) for t, a in zip(replies, ans)],
+                       "format": [tasks.has_format(t) for t in replies],
+                       "words": [words(t) for t in replies], "ref_words": [words(t) for t in reference]})
+    wr = stats.win_rate(df["p_win"], seed=config.derive_seed(seed, "win-rate"))
+    lc = stats.lc_win_rate(df["p_win"], df["words"], df["ref_words"])
+    acc, lo, hi = stats.proportion_ci(int(df["correct"].sum()), len(df))
+    return df, {"win_rate": wr["win_rate"], "win_rate_ci95": wr["ci95"], "lc_win_rate": lc["lc_win_rate"],
+                "lc_win_rate_ci95": lc["ci95"], "length_coef": lc["length_coef"], "accuracy": acc,
+                "accuracy_ci95": [lo, hi], "format_rate": float(df["format"].mean()),
+                "mean_words": float(df["words"].mean()), "n": len(df)}
+
+
+def judge_accuracy(judge, problems, players: dict, seed: int = 0) -> dict:
+    """How often the judge prefers the right reply where the truth is known: every pair of players' replies to a
+    problem with one right and one wrong (but stated) answer (exact verifier). Mean P(right wins)
+    with a bootstrap 95% interval over problems (replication.core.stats), the share of ties, and n pairs."""
+    qs, ans, right, wrong, group = [], [], [], [], []
+    for j, p in enumerate(problems):
+        replies = [r[j] for r in players.values()]
+        good = [r for r in replies if tasks.verify(r, p.answer)]
+        bad = [r for r in replies if not tasks.verify(r, p.answer) and tasks.extract_answer(r) is not None]
+        for g in good:
+            for b in bad:
+                qs.append(p.question), ans.append(p.answer), right.append(g), wrong.append(b), group.append(j)
+    if not qs:
+        return {"accuracy": float("nan"), "ci95": [float("nan")] * 2, "ties": float("nan"), "n": 0}
+    pw = judge.p_win(qs, ans, right, wrong)
+    est, lo, hi = stats.bootstrap(np.mean, pw, groups=group, seed=config.derive_seed(seed, "judge-accuracy"))
+    return {"accuracy": est, "ci95": [lo, hi], "ties": float(np.mean(pw == 0.5)), "n": len(pw), "problems": len(set(group))}
+
+
+def paper_role(regime: str, static_rule: str = "middle"):
+    """The row of the paper's Table 1 an arm stands for: point, elo, or the static arm by its rule's opponent."""
+    if regime != "static":
+        return regime
+    return {"middle": "static-mid", "strongest": "static-strong", "weakest": "static-weak"}.get(static_rule)
+
+
+def static_choice(names, ratings, rule: str = "middle", start: float = None) -> str:
+    """The static arm's opponent by a rule fixed before training: the middle-rated opponent (the paper's best
+    static opponent at step 500 was its middle one), the strongest, the weakest, or the one rated nearest to
+    the policy's start rating."""
+    config.check_choice("static_rule", rule, STATIC_RULES)
+    r = np.asarray(ratings, float)
+    order = np.argsort(r)
+    if rule == "nearest":
+        if start is None:
+            raise ValueError("start=None is not allowed with rule 'nearest'; give the policy's start rating")
+        return list(names)[int(np.argmin(np.abs(r - start)))]
+    pick = {"middle": order[len(r) // 2], "strongest": order[-1], "weakest": order[0]}[rule]
+    return list(names)[int(pick)]
+
+
+def training_trend(rows, key: str) -> dict:
+    """Mean of a per-step column over the first and the second half of a run, and the change."""
+    v = np.array([r[key] for r in rows if key in r], float)
+    if len(v) < 2:
+        return {"first": float(v.mean()) if len(v) else float("nan"), "second": float("nan"), "change": float("nan")}
+    h = len(v) // 2
+    return {"first": float(v[:h].mean()), "second": float(v[h:].mean()), "change": float(v[h:].mean() - v[:h].mean())}
+
+
+def health(rows, summary: dict, base: dict, regime: str, min_length_ratio: float = 1 / 3) -> dict:
+    """The checks an arm passes before any comparison: its own training signal rises (the reward's second-half
+    mean above its first half for point and static; for Elo, whose opponents get stronger as it improves, its
+    rating ends above its start), its held-out accuracy is not below the base model's Wilson interval, and its
+    replies are not collapsed (mean words at least min_length_ratio of the base model's)."""
+    if regime == "elo":
+        rise = float(rows[-1]["rating"] - rows[0]["rating_before"]) if rows else float("nan")
+        signal = {"signal": "policy Elo", "change": rise}
+    else:
+        signal = {"signal": "training reward", **training_trend(rows, "reward_mean")}
+    checks = {"training signal rises": bool(signal["change"] > 0),
+              "accuracy not below base interval": bool(summary["accuracy"] >= base["accuracy_ci95"][0]),
+              "length not collapsed": bool(summary["mean_words"] >= min_length_ratio * base["mean_words"])}
+    return {"checks": checks, "signal": signal, "healthy": all(checks.values())}
+
+
+def arm_record(name: str, rows, summary: dict, check: dict) -> dict:
+    """The metrics JSON record of one trained arm: steps, completions trained on, held-out n, accuracy with its
+    Wilson interval, health, and the share of groups with equal rewards (no GRPO gradient)."""
+    return {"arm": name, "steps": len(rows), "samples": int(sum(r["samples"] for r in rows)),
+            "n_eval": int(summary["n"]), "accuracy": float(summary["accuracy"]),
+            "interval": [float(x) for x in summary["accuracy_ci95"]], "healthy": bool(check["healthy"]),
+            "checks": check["checks"], "zero_gradient_share": float(np.mean([r["zero_std_frac"] for r in rows])),
+            "win_rate": float(summary["win_rate"]), "lc_win_rate": float(summary["lc_win_rate"]),
+            "mean_words": float(summary["mean_words"])}
+
+
+def difference(evals: dict, a: str, b: str, column: str = "p_win", seed: int = 0):
+    """(mean of a - mean of b, low, high) over the same held-out problems (stats.paired_bootstrap)."""
+    x, y = (np.asarray(evals[n][column], float) for n in (a, b))
+    return stats.paired_bootstrap(x, y, seed=config.derive_seed(seed, "paired", a, b, column))
+
+
+def compare(evals: dict, records: dict, pairs, column: str = "p_win", seed: int = 0) -> dict:
+    """Paired differences for (a, b) pairs of arms, only where both arms are healthy; otherwise the reason."""
+    out = {}
+    for a, b in pairs:
+        sick = [n for n in (a, b) if not records[n]["healthy"]]
+        out[f"{a} - {b}"] = ({"failed": sick} if sick else {"difference": difference(evals, a, b, column, seed)})
+    return out
+
+
+def part_verdict(entry: dict) -> str:
+    """The verdict of one compared pair (an entry of compare()): from its interval, or not tested when an arm failed."""
+    if "difference" in entry:
+        return verdicts.verdict(interval=entry["difference"][1:])
+    return verdicts.verdict(not_tested=f"{', '.join(entry['failed'])} failed the health checks")
+
+
+def describe(comparisons: dict) -> str:
+    """'a - b +0.031 [-0.012, +0.075]; ...' for compare()'s entries (failed pairs named as such)."""
+    return "; ".join(f"{k} {fmt.diff(v['difference'])}" if "difference" in v else f"{k} not compared "
+                     f"({', '.join(v['failed'])} failed)" for k, v in comparisons.items())
+
+
+def rating_lag(k: float) -> float:
+    """Steps the mean-rule Elo update needs to close a gap between rating and skill by a factor e, near E = 0.5:
+    each step moves R by K x mean(S - E), and dE/dR = ln(10) / 400 x E (1 - E), so the lag is 1 / (K ln 10 / 1600)."""
+    if not isinstance(k, (int, float)) or k <= 0:
+        raise ValueError(f"k={k!r} is not allowed; the Elo K-factor must be > 0")
+    return 1600.0 / (k * np.log(10.0))
+
+
+def lc_difference(a, b, n_boot: int = 1000, seed: int = 0):
+    """(LC win rate of a - that of b, low, high) on the same held-out problems: stats.lc_win_rate of each,
+    with a percentile bootstrap over problems (stats.bootstrap). a, b: judge_heldout rows."""
+    cols = [np.asarray(x[c], float) for x, c in ((a, "p_win"), (a, "words"), (b, "p_win"), (b, "words"), (a, "ref_words"))]
+    gap = lambda pa, wa, pb, wb, ref: (stats.lc_win_rate(pa, wa, ref)["lc_win_rate"]  # noqa: E731
+                                       - stats.lc_win_rate(pb, wb, ref)["lc_win_rate"])
+    return stats.bootstrap(gap, *cols, n_boot=n_boot, seed=config.derive_seed(seed, "lc-difference"))
+
+
+def rating_rise(rows, k: float, n_boot: int = 2000, seed: int = 0):
+    """(change of the policy's Elo over a run under the mean rule, low, high): K times the sum over steps of
+    the mean of (S - E), with a bootstrap interval resampling prompts (a prompt's G matches share its
+    opponent), and the number of prompts. rows: an Elo run's step rows (they log outcomes and expected)."""
+    d, groups = [], []
+    for r in rows:
+        s, e = np.asarray(r["outcomes"], float), np.asarray(r["expected"], float)
+        g = len(s) // len(r["opponents"])
+        d += (s - e).tolist()
+        groups += [f"{r['step']}-{i // g}" for i in range(len(s))]
+    rise = stats.bootstrap(lambda x: k * len(rows) * x.mean(), np.array(d), groups=groups, n_boot=n_boot,
+                           seed=config.derive_seed(seed, "rating-rise"))
+    return rise, len(set(groups))
+
+
+def sampling_movement(rows, names) -> dict:
+    """How far an Elo run's opponent probabilities moved: first and last step, and the largest change of any
+    opponent's probability between them."""
+    p = np.array([r["probs"] for r in rows], float)
+    return {"first": dict(zip(names, p[0].round(4).tolist())), "last": dict(zip(names, p[-1].round(4).tolist())),
+            "largest_change": float(np.max(np.abs(p[-1] - p[0]))),
+            "largest_range": float(np.max(p.max(0) - p.min(0)))}
+
+
+def paper_table1(step: int = 500):
+    """The paper's AlpacaEval 2.0 WR and LC (Table 1) after `step` steps, base at step 0: regime x metric."""
+    t = paper.table("elo_evolve_table1")
+    t = t[t["step"].isin([0, step]) & t["metric"].isin(["alpacaeval_wr", "alpacaeval_lc"])]
+    return t.pivot_table(index="regime", columns="metric", values="value")
+
+
+def paper_tables(metric: str = "alpacaeval_wr"):
+    """The paper's Tables 1 and 2 side by side: one row per method (Table 2's static opponents included),
+    one column per step, for one metric (alpacaeval_wr, alpacaeval_lc or mt_bench)."""
+    import pandas as pd
+
+    parts = []
+    for name in ("elo_evolve_table1", "elo_evolve_table2"):
+        t = paper.table(name)
+        t = t[t["metric"] == metric].assign(table=name.split("_")[-1])
+        parts.append(t)
+    t = pd.concat(parts)
+    out = t.pivot_table(index=["table", "method"], columns="step", values="value", sort=False)
+    out.columns = [f"step {c}" for c in out.columns]
+    return out.reset_index()
+
+
+def results_table(results: dict, records: dict, roles: dict, step: int = 500):
+    """Each arm's held-out win rate, LC win rate and accuracy with 95% intervals, format, words, steps,
+    completions trained on, zero-gradient share and health, beside the paper's WR / LC at `step`.
+    roles: arm name -> the paper's regime it stands for (base, point, static-mid, elo...)."""
+    import pandas as pd
+
+    at = paper_table1(step)
+    ci = lambda r, key: f"{r[key]:.3f} [{r[key + '_ci95'][0]:.3f}, {r[key + '_ci95'][1]:.3f}]"  # noqa: E731
+    rows = []
+    for name, r in results.items():
+        rec, reg = records.get(name, {}), roles.get(name)
+        rows.append({"arm": name, "win rate": ci(r, "win_rate"), "LC win rate": ci(r, "lc_win_rate"),
+                     "accuracy": ci(r, "accuracy"), "format": round(r["format_rate"], 3), "words": round(r["mean_words"], 1),
+                     "steps": rec.get("steps", 0), "samples": rec.get("samples", 0),
+                     "zero-gradient groups": round(rec["zero_gradient_share"], 3) if rec else None,
+                     "healthy": rec.get("healthy", True),
+                     f"paper WR/LC @{step}": (f"{at.loc[reg, 'alpacaeval_wr']:.2f} / {at.loc[reg, 'alpacaeval_lc']:.2f}"
+                                              if reg in at.index else "")})
+    return pd.DataFrame(rows)
+
+
+def train_and_evaluate(model_name: str, judge, problems, heldout, reference, pool: dict, ratings, cfg: "evolve.EvolveConfig",
+                       grpo_cfg, folder, cache, lora_r: int = 16, shots=(), eval_judge=None, progress: bool = True):
+    """Train one regime on a fresh LoRA adapter in `folder` (run.run_folder) and judge its greedy replies to the
+    held-out problems (the same shots) with eval_judge (default: the training judge) through cache(name, key, make)
+    (run.cached). Returns (step rows, evaluation summary with the steps and training seconds, evaluation rows)."""
+    import torch
+
+    eval_judge = judge if eval_judge is None else eval_judge
+    model, tok = models.load_model(model_name)
+    torch.manual_seed(config.derive_seed(grpo_cfg.seed, "evolve-lora"))  # the same adapter init for every regime
+    model = models.add_lora(model, r=lora_r, alpha=2 * lora_r)
+    rows = evolve.train(model, tok, judge, problems, pool, ratings, cfg, grpo_cfg, folder, progress, shots)
+    key = {"run": folder.path.name, "heldout": files.digest([p.id + "|" + p.question for p in heldout]),
+           "reference": files.digest(list(reference)), "max_new_tokens": grpo_cfg.max_new_tokens, "seed": cfg.seed,
+           "shots": [s.question for s in shots], "judge": getattr(eval_judge, "name", "")}
+
+    def make():
+        df, summary = judge_heldout(model, tok, eval_judge, heldout, reference, grpo_cfg.max_new_tokens,
+                                                cfg.seed, progress, shots=shots)
+        return {"summary": summary, "rows": df.to_dict("records")}
+
+    ev = cache("evolve_eval", key, make)
+    summary = {**ev["summary"], "steps": len(rows), "wall_time_s": float(sum(r.get("wall_s", 0.0) for r in rows))}
+    return rows, summary, ev["rows"]

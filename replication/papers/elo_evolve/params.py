@@ -1,0 +1,64 @@
+"""Notebooks 01 and 02's parameters: types, ranges and cross-field rules (the defaults live in their cells)."""
+from dataclasses import dataclass
+from typing import Optional
+
+from replication.core.params import MODEL, Params, notebook, p
+from replication.lm import tasks
+
+@notebook("01_noise_analysis")
+@dataclass
+class Noise(Params):
+    model: str = MODEL
+    n_boot: int = p()
+    n_sim_datasets: int = p()
+    sim_boot: int = p()
+    judge_questions: int = p()
+    pairs_per_question: int = p()
+    k: int = p()
+    batch_size: int = p()
+
+
+@notebook("02_elo_dynamics")
+@dataclass
+class EloDynamics(Params):
+    steps: int = p()
+    batch: int = p()
+    group: int = p()
+    n_seeds: int = p()
+    eta: float = p(low=1e-9, high=100.0)
+    temperatures: list = p(each={"low": 1e-9, "high": 1e9})
+    sweep: list = p(each={"low": 1e-9, "high": 1e9})
+    degrade_step: int = p(minimum=0)
+    degrade_to: float = p(low=0.0, high=1e5)
+    sliders: bool = p()
+    model: str = MODEL
+    level: str = p(choices=tuple(tasks.LEVELS))
+    shots: int = p(minimum=0)
+    n_train: int = p()
+    n_eval: int = p()
+    train_steps: int = p()
+    prompts_per_step: int = p()
+    group_size: int = p(minimum=2)
+    rollout_temperature: float = p(low=0.01, high=2.0)
+    max_new_tokens: int = p()
+    lr: float = p(low=0.0, high=0.1)
+    kl_beta: float = p(low=0.0, high=10.0)
+    lora_r: int = p()
+    judge: str = p(choices=("likelihood", "quality", "llm"))
+    judge_model: Optional[str] = p()
+    judge_shots: int = p(minimum=0)
+    sigma_comp: float = p(low=1e-9, high=100.0)
+    abs_noise_ratio: Optional[float] = p(low=1e-9, high=1e3)
+    length_margin: int = p(minimum=0)
+    elo_k: float = p(low=0.0, high=1e4)
+    train_temperatures: list = p(each={"low": 1e-9, "high": 1e9})
+    static_rule: str = p(choices=("middle", "strongest", "weakest", "nearest"))
+    opponents: dict = p()
+
+    def check(self):
+        self.at_most("prompts_per_step", self.n_train, "n_train")
+        for name, spec in self.opponents.items():
+            ok = isinstance(spec, (list, tuple)) and len(spec) in (2, 3) and spec[0] >= 0 and int(spec[1]) == spec[1] >= 1
+            if not (ok and (len(spec) == 2 or int(spec[2]) == spec[2] >= 0)):
+                raise ValueError(f"opponents[{name!r}]={spec!r} is not allowed; use [temperature >= 0 (0: greedy), "
+                                 "best of >= 1, shots >= 0 (optional)]")

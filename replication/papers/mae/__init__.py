@@ -1,0 +1,1 @@
+"""Multi-Agent Evolve: Proposer, Solver and Judge, Task-Relative REINFORCE++ (notebook 06)."""

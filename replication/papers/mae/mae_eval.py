@@ -1,0 +1,119 @@
+"""Multi-Agent Evolve at the workbook's scale: the solver on held-out questions (greedy, exact verifier), the judge
+scored against that verifier (with and without its `<score>` prefill), each trained arm's health check and record
+(the RLPR notebook's `rlpr_training.health` and `compare`, so every trained arm of the workbook passes the same
+checks), pool summaries and the paper's tables."""
+import pandas as pd
+
+from replication.core import paper, stats
+from replication.lm import models, tasks
+from replication.papers.rlpr import rlpr_training
+from . import mae, mae_scores
+
+RECORD_KEYS = ("arm", "steps", "samples", "n_eval", "accuracy", "interval", "healthy")
+
+
+def heldout_answers(model, tok, problems, shots=(), max_new_tokens: int = 32, batch_size: int = 16, seed: int = 0):
+    """The active solver's greedy answers to held-out problems with the loop's solver prompt (tasks.evaluate, exact
+    verifier); `qid` names each problem, so tables of different arms pair on it."""
+    table = tasks.evaluate(model, tok, problems, max_new_tokens, batch_size, seed,
+                           prompts=[mae.solve_prompt(p.question, shots) for p in problems], progress=False)
+    return table.assign(qid=table["id"])
+
+
+def judge_eval(model, tok, frame: pd.DataFrame, cfg: "mae.MAEConfig", batch_size: int = 16, seed: int = 0,
+               prefill: bool = True) -> pd.DataFrame:
+    """The judge, sampled as in training (cfg.temperature, cfg.judge_tokens), scores each (question, reply) of a
+    held-out answer frame, read by cfg.score_rule; with `prefill` its turn opens with `<score>` as in the loop,
+    without it the reply is free (the setup before the prefill). Adds judgment, raw_score, parse and score."""
+    prompts = [mae.JUDGE_ANSWER.format(question=q, answer=a) for q, a in zip(frame["question"], frame["reply"])]
+    opening = mae.SCORE_PREFILL if prefill else ""
+    texts = [t + opening for t in models.chat_prompts(tok, prompts)]
+    gen = models.generate(model, tok, texts, max_new_tokens=cfg.judge_tokens, temperature=cfg.temperature, seed=seed,
+                          batch_size=batch_size, chat=False)
+    replies = [opening + t for t in gen.texts]
+    raw = [mae_scores.read_score(t, cfg.score_rule) for t in replies]
+    return frame.assign(judgment=replies, raw_score=[r[0] for r in raw], parse=[r[1] for r in raw],
+                        score=[mae_scores.parse_score(t, cfg.score_rule) for t in replies])
+
+
+def judge_summary(judged: pd.DataFrame) -> dict:
+    """How a judged frame's scores track the verifier (stats.agreement at the rubric's 4-of-10 line), the share of
+    replies whose score was read from the tag (Wilson 95%), and the raw scores it gave, most frequent first."""
+    k = int((judged["parse"] == "tag").sum())
+    tag, lo, hi = stats.proportion_ci(k, len(judged))
+    raw = judged["raw_score"].value_counts(dropna=False).head(5)
+    return {**stats.agreement(judged["score"], judged["correct"], cut=mae.AGREEMENT_CUT), "tag_rate": tag,
+            "tag_rate_ci95": [lo, hi], "tag_count": k,
+            "top_raw_scores": {("none" if pd.isna(s) else f"{s:g}"): int(c) for s, c in raw.items()}}
+
+
+def arm_record(name: str, result: dict, table: pd.DataFrame, base: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> dict:
+    """One trained arm: {"arm", "steps" (iterations), "samples" (completions trained on, all roles), "n_eval",
+    "accuracy", "interval" (Wilson 95%), "healthy"}, then the health check (rlpr_training.health on the arm's own
+    training reward, the solver's, and its reply length), the solver's share of the samples, the answers with a
+    known answer, and the paired difference from the base model."""
+    rows = pd.DataFrame(result["rows"])
+    h = rlpr_training.health(rows.rename(columns={"solver_reward": "reward_mean", "solver_tokens": "completion_len"}),
+                             table, base, n_boot=n_boot, seed=seed)
+    p, lo, hi = stats.proportion_ci(int(table["correct"].sum()), len(table))
+    d = rlpr_training.heldout_difference(table, base, seed=seed, n_boot=n_boot)
+    return {"arm": name, "steps": len(rows), "samples": int(rows["samples"].sum()), "n_eval": len(table), "accuracy": p,
+            "interval": [lo, hi], "healthy": h["healthy"], "failed_checks": h["failed"],
+            **{k: h[k] for k in ("reward_first_third", "reward_last_third", "reward_rise", "train_length_ratio",
+                                 "heldout_length_ratio")},
+            "solver_samples": int(rows["solver_samples"].sum()), "known_answer_samples": int(rows["seed_answers"].sum()),
+            "heldout_format": float(table["format"].mean()), "heldout_tokens": float(table["tokens"].mean()),
+            "vs_base": {"difference": d[0], "ci95": [d[1], d[2]]}}
+
+
+def base_record(base: pd.DataFrame) -> dict:
+    """The untrained base solver in the arms' format (no steps, no samples; healthy by definition)."""
+    p, lo, hi = stats.proportion_ci(int(base["correct"].sum()), len(base))
+    return {"arm": "base", "steps": 0, "samples": 0, "n_eval": len(base), "accuracy": p, "interval": [lo, hi],
+            "healthy": True, "heldout_format": float(base["format"].mean()), "heldout_tokens": float(base["tokens"].mean())}
+
+
+def compare(a: str, b: str, tables: dict, records: dict, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Held-out accuracy of arm a minus arm b, paired over questions, with run.claim's basis (rlpr_training.compare:
+    an interval when both arms are healthy, else not tested naming the failed checks)."""
+    return rlpr_training.compare(a, b, tables, records, n_boot=n_boot, seed=seed)
+
+
+def accuracy(frame: pd.DataFrame) -> dict:
+    """Held-out accuracy of a frame of verified replies: accuracy with its Wilson 95% interval, n, format rate."""
+    p, lo, hi = stats.proportion_ci(int(frame["correct"].sum()), len(frame))
+    return {"accuracy": p, "ci95": [lo, hi], "n": len(frame), "format": float(frame["format"].mean())}
+
+
+def pool_summary(rows: pd.DataFrame, n_seeds: int) -> dict:
+    """Pool size at the start and end of a run and what happened to its proposals."""
+    return {"initial": n_seeds, "final": int(rows["pool_size"].iloc[-1]), "accepted": int(rows["accepted"].sum()),
+            "filtered": int(rows["filtered"].sum()), "no_question": int(rows["no_question"].sum())}
+
+
+def arm_summary(result: dict, iterations: int) -> dict:
+    """One arm over its first `iterations` iterations: pool, what the filter did, the accepted questions' judged
+    quality, and the mean rewards and judge format rate."""
+    r = pd.DataFrame(result["rows"]).iloc[:iterations]
+    props = pd.DataFrame(result["proposals"])
+    quality = props[(props["iteration"] < iterations) & props["accepted"].astype(bool)]["quality"]
+    return {"iterations": len(r), "pool_final": int(r["pool_size"].iloc[-1]), "accepted": int(r["accepted"].sum()),
+            "filtered": int(r["filtered"].sum()), "no_question": int(r["no_question"].sum()),
+            "mean_quality_accepted": float(quality.mean()) if len(quality) else None,
+            **{k: float(r[k].mean()) for k in ("proposer_reward", "proposer_difficulty", "solver_reward", "judge_format")}}
+
+
+def settings_table(cfg: "mae.MAEConfig") -> pd.DataFrame:
+    """The authors' settings (data/paper/mae_settings.csv) beside this run's."""
+    ours = {"quality_threshold": cfg.quality_threshold, "n_solve": cfg.n_solve, "reference_ratio": cfg.reference_ratio,
+            "batch_per_role": f"{cfg.proposals} proposals, <= {(cfg.proposals + cfg.pool_solve) * cfg.n_solve} answers",
+            "lr": f"{cfg.lr} (LoRA r={cfg.lora_r})", "kl_coef": 0.0, "temperature": cfg.temperature, "steps": cfg.iterations}
+    table = paper.table("mae_settings").set_index("quantity")
+    return table.assign(ours=pd.Series(ours)).loc[list(ours), ["value", "ours", "meaning", "source"]]
+
+
+def paper_table() -> pd.DataFrame:
+    """The paper's Table 1 (data/paper/mae_results.csv) as setting x model by benchmark."""
+    results = paper.table("mae_results")
+    return results.pivot_table(index=["setting", "model"], columns="benchmark", values="value", sort=False)[
+        list(dict.fromkeys(results["benchmark"]))]

@@ -1,0 +1,1 @@
+"""MALT: generator / verifier / refiner trees, value iteration, SFT then DPO per role (notebook 05)."""

@@ -1,0 +1,37 @@
+"""Notebook 03's parameters: types, ranges and cross-field rules (the defaults live in its parameters cell)."""
+from dataclasses import dataclass
+
+from replication.core.params import MODEL, Params, notebook, p
+from replication.lm import tasks
+
+@notebook("03_rlpr_debiasing")
+@dataclass
+class RLPR(Params):
+    model: str = MODEL
+    n_arithmetic: int = p(minimum=0)
+    n_factual: int = p(minimum=0)
+    samples: int = p(minimum=2)
+    temperature: float = p(low=0.05, high=2.0)
+    max_new_tokens: int = p()
+    batch_size: int = p()
+    n_boot: int = p()
+    level: str = p(choices=tuple(tasks.LEVELS))
+    shots: int = p(minimum=0)
+    styles: list = p(each={"choices": ("digits", "unit", "words")})
+    n_train: int = p()
+    n_heldout: int = p()
+    steps: int = p()
+    batch_prompts: int = p()
+    group: int = p(minimum=2)
+    lr: float = p(low=0.0, high=0.1)
+    lora_r: int = p()
+    warmup_start: int = p(minimum=0)
+    warmup_end: int = p()
+    max_rollouts: int = p()
+    variants: list = p(each={"choices": ("rlpr", "rlvr", "rlpr_no_debias", "rlpr_no_filter")})
+
+    def check(self):
+        if self.warmup_end <= self.warmup_start:
+            raise ValueError(f"warmup_end={self.warmup_end} is not allowed; it must be > warmup_start = {self.warmup_start}")
+        self.at_most("warmup_end", self.steps, "steps")
+        self.at_most("batch_prompts", self.n_train, "n_train")

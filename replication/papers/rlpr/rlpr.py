@@ -1,0 +1,123 @@
+"""RLPR's reward: the policy's probability of the reference answer, its aggregation, debiasing and the format term.
+
+A reply o is split into reasoning and answer (replication.papers.rlpr.answers locates the answer); the answer is
+replaced by the reference to get o', and the reference's tokens are scored under the policy:
+r = f_seq({p_i : o'_i in y*}). Debiasing subtracts r', the same score with no reasoning (the prompt followed
+directly by "The answer is " and the reference): r_hat = clip(r - r', 0, 1). A reply with no answer has
+nothing to replace; the authors' code gives an empty reference mask the score 0, so its reward is 0 (plus
+the format term, also 0). The std filter and the filtered GRPO loop are in replication.papers.rlpr.rlpr_training,
+the reward-quality measurements in replication.papers.rlpr.reward_quality.
+"""
+import numpy as np
+
+from replication.core import config
+from replication.lm.training import token_probs
+from . import answers
+
+AGGREGATIONS = ("mean", "sequence", "geometric")
+
+
+def reply_inputs(replies, references):
+    """(o' texts, reference spans) for token_probs: each reply with its answer replaced by the reference
+    ("" and None where no answer is found)."""
+    rep = [answers.replace_answer(c, r) for c, r in zip(replies, references)]
+    return [x[0] if x else "" for x in rep], [x[1:] if x else None for x in rep]
+
+
+def baseline_inputs(references, lead: str = "The answer is "):
+    """(texts, reference spans) for token_probs with no reasoning: lead + reference."""
+    return [lead + r for r in references], [(len(lead), len(lead) + len(r)) for r in references]
+
+
+def reply_probs(model, tok, prompts, replies, references, **kw):
+    """Reference-token probabilities with the reasoning kept and the answer replaced (None: no answer found)."""
+    return token_probs(model, tok, prompts, *reply_inputs(replies, references), **kw)
+
+
+def baseline_probs(model, tok, prompts, references, lead: str = "The answer is ", **kw):
+    """Reference-token probabilities with no reasoning: the prompt followed directly by lead + reference."""
+    return token_probs(model, tok, prompts, *baseline_inputs(references, lead), **kw)
+
+
+# ---- aggregation and debiasing ---------------------------------------------------------------------
+
+def aggregate(probs, how: str = "mean") -> float:
+    """f_seq over reference-token probabilities: mean, sequence (product) or geometric (N-th root); empty -> 0."""
+    config.check_choice("aggregation", how, AGGREGATIONS)
+    if probs is None or len(probs) == 0:
+        return 0.0
+    p = np.asarray(probs, dtype=np.float64)
+    if how == "mean":
+        return float(p.mean())
+    logs = np.log(np.clip(p, 1e-300, 1.0))
+    return float(np.exp(logs.sum() if how == "sequence" else logs.mean()))
+
+
+def debias(r, r_prime):
+    """r_hat = clip(r - r', 0, 1): the gain in reference probability the reasoning brings."""
+    return np.clip(np.asarray(r, dtype=np.float64) - np.asarray(r_prime, dtype=np.float64), 0.0, 1.0)
+
+
+# ---- the reward function ---------------------------------------------------------------------------
+
+class Reward:
+    """reward_fn for GRPOTrainer: RLPR (probability) or RLVR (exact match), plus the format term.
+
+    reward = (1 - format_weight) * core + format_weight * format, core = clip(r - r', 0, 1) with a baseline,
+    clip(r, 0, 1) without (baseline=None). baseline="policy": r' of each question in the batch is scored under
+    the policy as it is at that call (the prompt directly followed by "The answer is " and the reference, as
+    the authors do each step); a dict {question id: r' token probabilities}: a fixed r'. Side data go to the
+    rollout record: log_extra r, core, format and correct (lenient oracle) per completion; log_metric
+    answer_found (the share of replies with an answer span) and, when debiased, r_prime (mean r' of the
+    batch's questions) and debiased_nonzero (the share of replies with r > r')."""
+
+    def __init__(self, model, tok, kind: str = "probability", aggregation: str = "mean", baseline=None,
+                 format_weight: float = 0.1, temperature: float = 1.0, batch_size: int = 16, system=None):
+        config.check_choice("kind", kind, ("probability", "verifier"))
+        config.check_choice("aggregation", aggregation, AGGREGATIONS)
+        config.check_range("format_weight", format_weight, 0.0, 1.0)
+        if not (baseline is None or baseline == "policy" or isinstance(baseline, dict)):
+            raise ValueError(f"baseline={baseline!r} is not allowed; use None, 'policy' or a dict of r' token probabilities")
+        self.model, self.tok, self.kind, self.aggregation, self.baseline = model, tok, kind, aggregation, baseline
+        self.w, self.temperature, self.batch_size, self.system = format_weight, temperature, batch_size, system
+
+    def probabilities(self, prompts, completions, metadata):
+        """(reference-token probabilities of each reply, {question id: r' token probabilities}): one scoring
+        pass, in which the policy's r' rows (baseline="policy", one per question) share the replies' prompts."""
+        texts, spans = reply_inputs(completions, [m["reference"] for m in metadata])
+        first = {}
+        if self.baseline == "policy":
+            first = {m["id"]: i for i, m in reversed(list(enumerate(metadata)))}
+            more = baseline_inputs([metadata[i]["reference"] for i in first.values()])
+            prompts = list(prompts) + [prompts[i] for i in first.values()]
+            texts, spans = texts + more[0], spans + more[1]
+        probs = token_probs(self.model, self.tok, prompts, texts, spans, temperature=self.temperature,
+                            batch_size=self.batch_size, system=self.system)
+        n = len(completions)
+        return probs[:n], (dict(zip(first, probs[n:])) if self.baseline == "policy" else self.baseline)
+
+    def __call__(self, prompts, completions, metadata, log_metric=None, log_extra=None):
+        refs = [m["reference"] for m in metadata]
+        fmt = np.array([answers.format_score(c) for c in completions])
+        correct = [answers.is_correct(c, m["aliases"], m.get("value")) for c, m in zip(completions, metadata)]
+        found = np.mean([answers.locate_answer(c) is not None for c in completions])
+        metrics = {"answer_found": found}
+        if self.kind == "verifier":
+            r = core = np.array([float(answers.exact_match(c, ref)) for c, ref in zip(completions, refs)])
+        else:
+            probs, table = self.probabilities(prompts, completions, metadata)
+            r = np.array([aggregate(p, self.aggregation) for p in probs])
+            if self.baseline is not None:
+                rp = np.array([aggregate(table[m["id"]], self.aggregation) for m in metadata])
+                core = debias(r, rp)
+                metrics |= {"r_prime": float(rp.mean()), "debiased_nonzero": float((core > 0).mean())}
+            else:
+                core = np.clip(r, 0.0, 1.0)
+        reward = (1 - self.w) * core + self.w * fmt
+        if log_extra is not None:
+            for name, values in (("r", r.tolist()), ("core", core.tolist()), ("format", fmt.tolist()), ("correct", correct)):
+                log_extra(name, values)
+        if log_metric is not None:
+            for name, value in metrics.items():
+                log_metric(name, value)
+        return reward.tolist()

@@ -1,0 +1,295 @@
+"""RLPR training: the adaptive std filter, the filtered GRPO step on the one loop, the four variants and
+their held-out answers, the health check a run must pass before it is compared, and the records notebook 03
+reports.
+
+One step: draw `batch_prompts` questions, roll out G replies each (GRPOTrainer.collect), keep the prompts
+whose group reward std passes the filter and, while the kept prompts fall short of the batch, roll out a
+fresh draw of as many questions as are missing (up to max_rollouts rollouts); update on the kept prompts;
+feed the step's mean group std (over every rollout made) to the filter.
+The filter's EMA lives in the loop state, so a resumed run carries on with it.
+"""
+import random
+from dataclasses import asdict
+
+import numpy as np
+import pandas as pd
+import torch
+
+from replication.core import config, stats
+from replication.lm import grpo, loop, models
+from . import answers
+from .rlpr import Reward
+
+# variant -> (reward kind, debiased, std filter)
+VARIANTS = {"rlpr": ("probability", True, True), "rlvr": ("verifier", False, False),
+            "rlpr_no_debias": ("probability", False, True), "rlpr_no_filter": ("probability", True, False)}
+
+
+class StdFilter:
+    """Keep prompts whose group reward std >= beta * EMA of the per-step mean group std.
+
+    Steps [warmup_start, warmup_end) (0-based) are only observed; the EMA starts at their mean, then
+    ema = (1 - ratio) * step_std + ratio * ema after each step (the threshold of a step uses the EMA before it)."""
+
+    def __init__(self, beta: float = 0.5, ratio: float = 0.99, warmup_start: int = 5, warmup_end: int = 10):
+        config.check_range("beta", beta, 0.0, 10.0)
+        config.check_range("ratio", ratio, 0.0, 1.0)
+        config.check_int("warmup_start", warmup_start, minimum=0)
+        config.check_int("warmup_end", warmup_end, minimum=warmup_start + 1)
+        self.beta, self.ratio, self.warmup = beta, ratio, (warmup_start, warmup_end)
+        self.ema, self.seen = None, []
+
+    @property
+    def threshold(self):
+        return None if self.ema is None else self.beta * self.ema
+
+    def keep(self, stds):
+        """Boolean mask of the prompts to keep (all of them before the EMA exists)."""
+        stds = np.asarray(stds, dtype=np.float64)
+        return np.ones(len(stds), dtype=bool) if self.ema is None else stds >= self.threshold
+
+    def observe(self, step: int, step_std: float) -> None:
+        """Feed one step's mean group std."""
+        if self.ema is None:
+            if self.warmup[0] <= step < self.warmup[1]:
+                self.seen.append(float(step_std))
+            if step >= self.warmup[1] - 1 and self.seen:
+                self.ema = float(np.mean(self.seen))
+        else:
+            self.ema = (1 - self.ratio) * float(step_std) + self.ratio * self.ema
+
+    def state(self) -> dict:
+        return {"ema": self.ema, "seen": list(self.seen)}
+
+    def load(self, state: dict) -> None:
+        self.ema, self.seen = state.get("ema"), list(state.get("seen", []))
+
+
+# ---- the filtered GRPO step ------------------------------------------------------------------------
+
+def filtered_step(trainer, pool, batch_prompts: int, std_filter: StdFilter = None, max_rollouts: int = 2, shots=()):
+    """step_fn(step, state) -> row for loop.run: one GRPO step on questions drawn from pool (prompted with the
+    worked examples `shots`, answers.Question.chat), with the std filter as GRPOTrainer.collect's keep hook (its
+    state in state["filter"]). Draws and sampling are seeded by config.derive_seed(seed, "rlpr-draw", step,
+    attempt), so every variant sees the same draws. The row holds the reward of every rollout made, the share of
+    groups with zero reward std among those rolled out and among those updated on (no gradient), the mean reply
+    length, the filter's threshold and dropped share, and the update's statistics."""
+    config.check_int("batch_prompts", batch_prompts)
+    config.check_int("max_rollouts", max_rollouts)
+    G, seed = trainer.cfg.num_generations, trainer.cfg.seed
+
+    def step_fn(step, state):
+        masks = []
+        if std_filter is not None:
+            std_filter.load(state.get("filter") or {})
+        threshold = std_filter.threshold if std_filter else None
+
+        def draw(attempt):  # a refill rolls out only as many prompts as the filter dropped
+            s = config.derive_seed(seed, "rlpr-draw", step, attempt)
+            qs = random.Random(s).sample(pool, batch_prompts - int(sum(m.sum() for m in masks)))
+            torch.manual_seed(s)
+            return [q.chat(shots) for q in qs], [q.meta() for q in qs]
+
+        def keep(rollout):
+            masks.append(std_filter.keep(rollout.group_std().numpy()))
+            return masks[-1]
+
+        trainer.timer.seconds.clear()
+        kept, made = trainer.collect(draw, batch_prompts, keep=keep if std_filter else None,
+                                     max_rollouts=max_rollouts if std_filter else 1)
+        stds = np.concatenate([r.group_std().numpy() for r in made])
+        extra = lambda name: [x for r in made for x in r.extras.get(name, [])]  # noqa: E731
+        correct, raw = extra("correct"), extra("r")
+        update = {}
+        if kept is not None:
+            update = {**trainer.update(kept), "update_std_mean": float(kept.group_std().mean()),
+                      "zero_std_updated": float(np.isclose(kept.group_std().numpy(), 0.0).mean())}
+        n_kept = int(sum(m.sum() for m in masks)) if std_filter else len(stds)
+        if std_filter is not None:
+            std_filter.observe(step, float(stds.mean()))
+            state["filter"] = std_filter.state()
+        metrics = {k: float(np.mean([r.metrics[k] for r in made if k in r.metrics])) for k in made[0].metrics}
+        lengths = torch.cat([r.completion_mask.sum(1) for r in made]).float()
+        return {"reward_mean": float(torch.cat([r.rewards for r in made]).mean()), "group_std_mean": float(stds.mean()),
+                "train_correct": float(np.mean(correct)) if correct else None,
+                "r_mean": float(np.mean(raw)) if raw else None, "threshold": threshold,
+                "ema": std_filter.ema if std_filter else None, "rollouts": len(made),
+                "fraction_filtered": 1 - n_kept / len(stds), "prompts_updated": 0 if kept is None else len(kept) // G,
+                "prompts_rolled": len(stds),
+                "zero_std_rolled": float(np.isclose(stds, 0.0).mean()), "completion_len": float(lengths.mean()),
+                **metrics, **update, **{f"{k}_s": v for k, v in trainer.timer.seconds.items()},
+                "wall_s": sum(trainer.timer.seconds.values())}
+
+    return step_fn
+
+
+def train(trainer, pool, num_steps: int, batch_prompts: int, folder: loop.RunFolder = None,
+          std_filter: StdFilter = None, max_rollouts: int = 2, progress: bool = True, shots=()) -> list:
+    """num_steps filtered GRPO steps on loop.run (resumable from folder, the filter's EMA included).
+    Without a std filter every prompt is kept and each step makes one rollout. Returns one row per step."""
+    state = {"filter": std_filter.state()} if std_filter is not None else {}
+    rows, _ = loop.run(filtered_step(trainer, pool, batch_prompts, std_filter, max_rollouts, shots), num_steps,
+                       trainer.model, trainer.optimizer, folder, state=state, save_every=trainer.cfg.save_every,
+                       desc="rlpr", postfix=lambda r: {"reward": f"{r['reward_mean']:.3f}"},
+                       summary={"config": asdict(trainer.cfg)}, progress=progress)
+    return rows
+
+
+# ---- variants and held-out answers -----------------------------------------------------------------
+
+def answer_heldout(model, tok, questions, max_new_tokens: int = 48, batch_size: int = 16, seed: int = 0,
+                   shots=()) -> pd.DataFrame:
+    """Greedy replies to the questions (prompted with the worked examples `shots`), scored by the lenient oracle,
+    the exact-match verifier and the format term, with the reply's length in tokens."""
+    gen = models.generate(model, tok, [q.chat(shots) for q in questions], max_new_tokens=max_new_tokens,
+                          temperature=0.0, seed=seed, batch_size=batch_size)
+    return pd.DataFrame([{"qid": q.id, "kind": q.kind, "style": q.style, "reply": t, **answers.score_reply(t, q),
+                          "tokens": len(ids)} for q, t, ids in zip(questions, gen.texts, gen.completion_ids)])
+
+
+def run_variant(name: str, pool, heldout, cfg, steps: int, batch_prompts: int, run_folder=None, cache=None,
+                model_name: str = "smollm2-135m-instruct", shots=(), baseline="policy", format_weight: float = 0.1,
+                beta: float = 0.5, ema_ratio: float = 0.99, warmup=(0, 2), max_rollouts: int = 2, lora_r: int = 16,
+                eval_tokens: int = 48, batch_size: int = 16, progress: bool = True):
+    """Train one variant (VARIANTS) with LoRA GRPO from the base model, then answer the held-out questions greedily.
+    Every variant starts from the same adapter (seeded by config.derive_seed(cfg.seed, "rlpr-lora")), whatever ran
+    or was cached before it. baseline: r' of the debiased variants (rlpr.Reward: "policy" or a dict).
+
+    run_folder(name, key) -> loop.RunFolder and cache(name, key, make) are the notebook's run.run_folder and
+    run.cached (None: no folder, no cache); both are keyed by every setting. Returns (step rows, held-out table)."""
+    config.check_choice("variant", name, tuple(VARIANTS))
+    kind, debiased, filtered = VARIANTS[name]
+    key = {"variant": name, "grpo": asdict(cfg), "steps": steps, "batch_prompts": batch_prompts, "model": model_name,
+           "shots": [s.id for s in shots], "baseline": baseline if isinstance(baseline, str) else "fixed",
+           "format_weight": format_weight, "beta": beta, "ema_ratio": ema_ratio, "warmup": list(warmup),
+           "max_rollouts": max_rollouts, "lora_r": lora_r, "pool": [q.id for q in pool],
+           "heldout": [q.id for q in heldout], "eval_tokens": eval_tokens, "lora_init": "rlpr-lora"}
+    model, tok = models.load_model(model_name)
+    torch.manual_seed(config.derive_seed(cfg.seed, "rlpr-lora"))  # LoRA A's init draws from torch's global RNG
+    model = models.add_lora(model, r=lora_r, alpha=2 * lora_r)
+    reward = Reward(model, tok, kind, baseline=baseline if debiased else None, format_weight=format_weight,
+                    temperature=cfg.temperature, batch_size=batch_size, system=cfg.system)
+    trainer = grpo.GRPOTrainer(model, tok, reward, cfg)
+    filt = StdFilter(beta, ema_ratio, warmup_start=warmup[0], warmup_end=warmup[1]) if filtered else None
+    folder = run_folder(name, key) if run_folder is not None else None
+    rows = train(trainer, pool, steps, batch_prompts, folder, filt, max_rollouts, progress, shots)
+    make = lambda: answer_heldout(trainer.model, tok, heldout, eval_tokens, batch_size, cfg.seed, shots)  # noqa: E731
+    table = make() if cache is None else cache(f"heldout-{name}", key, make)
+    return pd.DataFrame(rows), table
+
+
+# ---- health of a trained arm -----------------------------------------------------------------------
+
+def thirds(n: int):
+    """Boolean masks of the first and the last third of n steps (at least one step each)."""
+    k = max(1, n // 3)
+    idx = np.arange(n)
+    return idx < k, idx >= n - k
+
+
+def health(rows: pd.DataFrame, table: pd.DataFrame, base: pd.DataFrame, min_length_ratio: float = 0.5,
+           n_boot: int = 1000, seed: int = 0) -> dict:
+    """Whether a trained arm may enter a comparison; a failed arm is reported as failed and not compared.
+
+    Three checks, all must pass:
+    - reward_rose: the arm's own training reward (mean over every reply rolled out in a step) rose: the mean
+      over the last third of the steps minus the first third, with a 95% bootstrap interval over those steps
+      (stats.bootstrap), lies above 0;
+    - accuracy_ok: held-out accuracy is not below the lower end of the base model's Wilson 95% interval;
+    - length_ok: replies did not collapse: the mean reply length (tokens) of the last third of the training
+      steps is at least min_length_ratio x that of the first third, and the held-out replies' mean length at
+      least min_length_ratio x the base model's.
+    Returns the numbers behind each check, the three booleans, `failed` (the names of the failed checks) and
+    `healthy`."""
+    config.check_range("min_length_ratio", min_length_ratio, 0.0, 1.0)
+    first, last = thirds(len(rows))
+    keep = first | last
+    reward = rows["reward_mean"].to_numpy(float)
+    rise = stats.bootstrap(lambda r, late: r[late].mean() - r[~late].mean() if late.any() and (~late).any() else np.nan,
+                           reward[keep], last[keep], n_boot=n_boot, seed=seed)
+    base_lo = stats.proportion_ci(int(base["correct"].sum()), len(base))[1]
+    length = rows["completion_len"].to_numpy(float)
+    train_ratio = float(length[last].mean() / max(length[first].mean(), 1e-9))
+    heldout_ratio = float(table["tokens"].mean() / max(base["tokens"].mean(), 1e-9))
+    checks = {"reward_rose": bool(np.isfinite(rise[1]) and rise[1] > 0),
+              "accuracy_ok": bool(table["correct"].mean() >= base_lo),
+              "length_ok": bool(train_ratio >= min_length_ratio and heldout_ratio >= min_length_ratio)}
+    return {"reward_first_third": float(reward[first].mean()), "reward_last_third": float(reward[last].mean()),
+            "reward_rise": list(rise), "base_accuracy_low": base_lo, "train_length_ratio": train_ratio,
+            "heldout_length_ratio": heldout_ratio, **checks, "failed": [k for k, ok in checks.items() if not ok],
+            "healthy": all(checks.values())}
+
+
+# ---- what the notebook reports ---------------------------------------------------------------------
+
+def heldout_summary(table: pd.DataFrame) -> dict:
+    """Held-out accuracy (lenient oracle) with its Wilson 95% interval, verifier pass rate, format rate, reply length."""
+    p, lo, hi = stats.proportion_ci(int(table["correct"].sum()), len(table))
+    return {"heldout_accuracy": p, "heldout_accuracy_ci95": [lo, hi], "heldout_verifier_pass": float(table["verified"].mean()),
+            "heldout_format": float(table["format"].mean()), "heldout_tokens": float(table["tokens"].mean())}
+
+
+def heldout_difference(a: pd.DataFrame, b: pd.DataFrame, seed: int = 0, n_boot: int = 2000):
+    """(accuracy of a - accuracy of b, low, high) on the same held-out questions (paired by qid, stats.paired_bootstrap)."""
+    both = a[["qid", "correct"]].merge(b[["qid", "correct"]], on="qid", suffixes=("_a", "_b"))
+    if len(both) != len(a) or len(both) != len(b):
+        raise ValueError("the two held-out tables must answer the same questions")
+    return stats.paired_bootstrap(both["correct_a"], both["correct_b"], n_boot=n_boot, seed=seed)
+
+
+def arm_record(name: str, rows: pd.DataFrame, table: pd.DataFrame, base: pd.DataFrame, group: int,
+               n_boot: int = 1000, seed: int = 0) -> dict:
+    """One trained arm: {"arm", "steps", "samples" (completions trained on), "n_eval", "accuracy", "interval"
+    (Wilson 95%), "healthy"}, then the health check's numbers, the share of zero-gradient (zero reward std)
+    groups among those rolled out and among those updated on, rollouts made, wall time, grad-norm CV, the
+    held-out verifier pass rate, format rate and reply length, and the paired difference from the base model."""
+    h = health(rows, table, base, n_boot=n_boot, seed=seed)
+    s = heldout_summary(table)
+    g = rows["grad_norm"].dropna() if "grad_norm" in rows else pd.Series(dtype=float)
+    d = heldout_difference(table, base, seed=seed, n_boot=n_boot)
+    zero = rows["zero_std_updated"].dropna() if "zero_std_updated" in rows else pd.Series(dtype=float)
+    return {"arm": name, "steps": len(rows), "samples": int(rows["prompts_updated"].sum()) * group, "n_eval": len(table),
+            "accuracy": s["heldout_accuracy"], "interval": s["heldout_accuracy_ci95"], "healthy": h["healthy"],
+            "failed_checks": h["failed"], **{k: h[k] for k in ("reward_first_third", "reward_last_third", "reward_rise",
+                                                              "train_length_ratio", "heldout_length_ratio")},
+            "zero_std_rolled": float(rows["zero_std_rolled"].mean()),
+            "zero_std_updated": float(zero.mean()) if len(zero) else None, "rollouts": int(rows["rollouts"].sum()),
+            "train_wall_s": float(rows["wall_s"].sum()),
+            "grad_norm_cv": float(g.std() / g.mean()) if len(g) > 1 and g.mean() > 0 else None,
+            **{k: s[k] for k in ("heldout_verifier_pass", "heldout_format", "heldout_tokens")},
+            "vs_base": {"difference": d[0], "ci95": [d[1], d[2]]}}
+
+
+def base_record(base: pd.DataFrame) -> dict:
+    """The untrained base model in the arms' format (no steps, no samples; healthy by definition)."""
+    s = heldout_summary(base)
+    return {"arm": "base", "steps": 0, "samples": 0, "n_eval": len(base), "accuracy": s["heldout_accuracy"],
+            "interval": s["heldout_accuracy_ci95"], "healthy": True,
+            **{k: s[k] for k in ("heldout_verifier_pass", "heldout_format", "heldout_tokens")}}
+
+
+def compare(a: str, b: str, tables: dict, records: dict, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Held-out accuracy of arm a minus arm b (paired bootstrap over questions) and run.claim's basis for it:
+    interval= when both arms are healthy, else not_tested naming the failed arm(s) and their failed checks.
+    tables: arm -> held-out table (the base under "base"); records: arm -> arm_record / base_record."""
+    d = heldout_difference(tables[a], tables[b], seed=seed, n_boot=n_boot)
+    failed = [f"{x} ({', '.join(records[x].get('failed_checks', []))})" for x in (a, b) if not records[x]["healthy"]]
+    basis = ({"interval": (d[1], d[2])} if not failed else
+             {"not_tested": f"not compared: failed health check: {'; '.join(failed)}"})
+    return {"pair": f"{a} - {b}", "difference": d[0], "ci95": [d[1], d[2]], "basis": basis}
+
+
+def filter_summary(filtered: dict, beta: float, warmup) -> dict:
+    """The std filter of the main filtered variant ('rlpr' if run): final threshold, share of prompts dropped
+    after the warm-up, and per step the threshold, the share dropped and the rollouts made."""
+    main = "rlpr" if "rlpr" in filtered else next(iter(filtered), None)
+    if main is None:
+        return {"final_threshold": None, "fraction_filtered": None}
+    rows = filtered[main]
+    after = rows[rows["threshold"].notna()]
+    return {"variant": main,
+            "final_threshold": float(rows["ema"].iloc[-1] * beta) if rows["ema"].notna().any() else None,
+            "fraction_filtered": float(after["fraction_filtered"].mean()) if len(after) else 0.0,
+            "threshold_by_step": [None if pd.isna(x) else float(x) for x in rows["threshold"]],
+            "fraction_filtered_by_step": rows["fraction_filtered"].tolist(), "rollouts_by_step": rows["rollouts"].tolist(),
+            "warmup_window": list(warmup)}

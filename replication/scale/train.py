@@ -1,0 +1,394 @@
+"""`python -m replication train <method> --config <yaml>`: one method on TRL's trainers, the same command on one
+CPU process and under `accelerate launch` (data parallel, DeepSpeed ZeRO-3, vLLM through the `trl:` settings).
+
+A config (configs/paper/*.yaml, configs/tiny/*.yaml) has these sections, each checked by name:
+  model (a known name, a local checkpoint folder, a hub id, or "tiny" for the tests' random model), seed, output_dir,
+  resume (true: carry on from the last checkpoint in output_dir, the reward's or filter's state included);
+  data: the training prompts (elo-evolve: level, n_train, shots; rlpr: n_arithmetic, n_factual, level, shots);
+  lora: r, alpha;
+  trl: any field of trl.GRPOConfig (batch, num_generations, learning_rate, beta, max_completion_length, use_vllm,
+       vllm_mode, deepspeed, save_steps, ...), passed as is;
+  elo-evolve: judge (quality | likelihood | llm, with judge_model), judge_shots, the opponent pool: opponents
+       ({name: [temperature, best of, shots]}: sampled from the base model, rated by the judge's round robin) or
+       pool_file (JSON {name: [one cached response per training problem]}; made on first use from opponent_models
+       {name: checkpoint} when missing) with ratings ({name: Elo}); then
+       temperature, k, update_rule, start_rating, length_margin;
+  rlpr: baseline (initial: r' from the initial policy, cached before training, as the authors' code | policy),
+       format_weight, aggregation, filter (beta, ratio, warmup_start, warmup_end; null: no filter);
+  mae: mae.MAEConfig's loop settings (proposals and pool_solve per process, n_solve, token caps per role, filter,
+       score rule, judge), trained by trl_mae.MAETrainer; data: level, n_seed_questions, shots;
+  malt: the trees (n_branch, tokens, temperature, batch_size, tree_model, tree_file), pooling, max_sft, max_pairs;
+       MALT has sft and dpo sections (fields of trl.SFTConfig, trl.DPOConfig) instead of trl; data: level, n_train,
+       shots.
+`--set section.key=value` overrides one setting (e.g. --set trl.vllm_mode=server).
+Every process ends by writing rank<k>.json in output_dir: the problems it saw, its adapter's digest and the state of
+its reward or filter (so a run can be checked for agreement across processes).
+"""
+import argparse
+import dataclasses
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from replication.core import config, files
+from replication.lm import elo, models, tasks
+from replication.papers.elo_evolve import evolve
+from replication.papers.mae import mae
+from replication.papers.malt import malt
+from replication.papers.rlpr import answers, rlpr, rlpr_training
+from . import trl_grpo, trl_mae, trl_malt
+
+METHODS = ("elo-evolve", "rlpr", "mae", "malt")
+JUDGES = ("quality", "likelihood", "llm")
+SECTIONS = ("model", "seed", "output_dir", "resume", "data", "lora", "trl")  # and the method's own
+TRAINERS = {"trl": "GRPOConfig", "sft": "SFTConfig", "dpo": "DPOConfig"}  # sections passed as is to TRL's configs
+# the notebook whose experiment each method's paper config runs at the paper's scale (its paper profile's section)
+NOTEBOOKS = {"elo-evolve": "02_elo_dynamics", "rlpr": "03_rlpr_debiasing", "malt": "05_malt_trajectory_trees",
+             "mae": "06_multi_agent_evolve"}
+LORA = {"r": 16, "alpha": 32}
+# MAE's own settings (mae.MAEConfig); its lr, LoRA rank, temperature and seed come from the trl, lora and top sections
+MAE_FIELDS = ("proposals", "n_solve", "pool_solve", "question_tokens", "answer_tokens", "judge_tokens", "reference_ratio",
+              "quality_threshold", "use_filter", "strict_tags", "score_rule", "judge")
+DEFAULTS = {
+    "elo-evolve": {"judge": "quality", "judge_shots": 0, "judge_model": None,
+                   "opponents": {"weak": [1.0, 1], "strong": [0.7, 4]}, "pool_tokens": 32, "pool_file": None,
+                   "ratings": None, "opponent_models": None, "temperature": 200.0, "k": 32.0, "update_rule": "mean", "start_rating": 1350.0,
+                   "length_margin": 60},
+    "rlpr": {"baseline": "initial", "format_weight": 0.1, "aggregation": "mean",
+             "filter": {"beta": 0.5, "ratio": 0.99, "warmup_start": 5, "warmup_end": 10}},
+    "mae": {name: getattr(mae.MAEConfig, name) for name in MAE_FIELDS},
+    "malt": {"n_branch": 3, "tokens": [48, 32, 48], "temperature": 0.7, "batch_size": 16, "pooling": "global",
+             "max_sft": 100000, "max_pairs": 100000, "tree_model": None, "tree_file": None},
+}
+DATA = {"elo-evolve": {"level": "1d-1step-add", "n_train": 64, "shots": 0},
+        "rlpr": {"n_arithmetic": 64, "n_factual": 0, "level": "1d-1step-add", "shots": 0},
+        "mae": {"level": "1d-1step-add", "n_seed_questions": 64, "shots": 0},
+        "malt": {"level": "1d-1step-add", "n_train": 64, "shots": 0}}
+TRL_DEFAULTS = {"mae": {"loss_type": "dapo", "beta": 0.0}}  # the token mean over every role's tokens, no KL
+
+
+def override(cfg: dict, item: str) -> None:
+    """Apply one `--set section.key=value` (or `key=value` at the top level; the value read as YAML) to cfg."""
+    if "=" not in item:
+        raise ValueError(f"--set {item!r} is not allowed; write name=value, e.g. trl.vllm_mode=server")
+    name, value = item.split("=", 1)
+    *sections, key = name.split(".")
+    if len(sections) > 1:
+        raise ValueError(f"--set {item!r} is not allowed; a name is key or section.key")
+    where = cfg.setdefault(sections[0], {}) if sections else cfg
+    if not isinstance(where, dict):
+        raise ValueError(f"--set {item!r} is not allowed; {sections[0]} is not a section")
+    where[key] = yaml.safe_load(value)
+
+
+def read_config(method: str, path, sets=()) -> dict:
+    """The config file with the --set overrides, merged over the defaults, every key checked by name."""
+    config.check_choice("method", method, METHODS)
+    cfg = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(cfg, dict):
+        raise ValueError(f"config {path}: the file must hold a mapping of sections")
+    for item in sets:
+        override(cfg, item)
+    for key in cfg:
+        config.check_choice("config section", key, sections(method) + (method,))
+    out = {"model": "smollm2-135m-instruct", "seed": 0, "output_dir": f"runs/scale/{method}", "resume": False,
+           **{k: {} for k in sections(method) if k in TRAINERS},
+           **{k: v for k, v in cfg.items() if k not in ("data", "lora", method)}}
+    for section, defaults in (("data", DATA[method]), ("lora", LORA), (method, DEFAULTS[method])):
+        given = cfg.get(section) or {}
+        for key in given:
+            config.check_choice(f"{section}.{key}", key, tuple(defaults))
+        out[section] = {**defaults, **given}
+    config.check_int("seed", out["seed"], minimum=0)
+    for section in TRAINERS:
+        if section in out:
+            check_trl(out[section], section)
+    if method == "elo-evolve":
+        e = out[method]
+        config.check_choice("elo-evolve.judge", e["judge"], JUDGES)
+        if e["judge"] == "llm" and not e["judge_model"]:
+            raise ValueError("elo-evolve.judge_model=None is not allowed with judge llm; name the judge's checkpoint")
+        if e["pool_file"] and not isinstance(e["ratings"], dict):
+            raise ValueError("elo-evolve.ratings must map each opponent of pool_file to its rating")
+    elif method == "rlpr":
+        config.check_choice("rlpr.baseline", out[method]["baseline"], ("initial", "policy"))
+    elif method == "mae":
+        mae_config(out)  # names any bad value
+    else:
+        check_malt(out)
+    return out
+
+
+def sections(method: str) -> tuple:
+    """The config sections a method takes besides its own: MALT has sft and dpo (TRL's SFTConfig, DPOConfig) for trl."""
+    return SECTIONS[:-1] + ("sft", "dpo") if method == "malt" else SECTIONS
+
+
+def check_malt(cfg: dict) -> None:
+    m, d = cfg["malt"], cfg["data"]
+    config.check_int("data.n_train", d["n_train"])
+    config.check_int("data.shots", d["shots"], minimum=0)
+    config.check_choice("data.level", d["level"], tuple(tasks.LEVELS))
+    config.check_int("malt.n_branch", m["n_branch"], minimum=2)
+    if not (isinstance(m["tokens"], (list, tuple)) and len(m["tokens"]) == 3
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in m["tokens"])):
+        raise ValueError(f"malt.tokens={m['tokens']!r} is not allowed; give [generator, verifier, refiner] max new tokens")
+    config.check_range("malt.temperature", m["temperature"], 1e-6, 10.0)
+    config.check_choice("malt.pooling", m["pooling"], malt.POOLINGS)
+    for name in ("batch_size", "max_sft", "max_pairs"):
+        config.check_int(f"malt.{name}", m[name])
+
+
+def check_trl(section: dict, name: str = "trl") -> None:
+    """Every key of a trl, sft or dpo section is a field of trl.GRPOConfig, SFTConfig or DPOConfig (output_dir and
+    seed are top-level settings)."""
+    import trl
+
+    if not isinstance(section, dict):
+        raise ValueError(f"{name}={section!r} is not allowed; the section must be a mapping of settings")
+    cls = getattr(trl, TRAINERS[name])
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for key in section:
+        if key not in fields or key in ("output_dir", "seed"):
+            raise ValueError(f"{name}.{key} is not allowed; use a field of trl.{cls.__name__} other than output_dir "
+                             "and seed (those are top-level settings)")
+
+
+def grpo_args(cfg: dict, method: str = None):
+    """trl.GRPOConfig from the trl section, with the run's output_dir and seed."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(**{"report_to": "none", "logging_steps": 1, "save_strategy": "steps", "loss_type": "grpo",
+                         **TRL_DEFAULTS.get(method, {}), **cfg["trl"], "output_dir": cfg["output_dir"], "seed": cfg["seed"]})
+
+
+def mae_config(cfg: dict) -> mae.MAEConfig:
+    """mae.MAEConfig from the mae section, the data section's level and shots, the trl temperature and the seed."""
+    d = cfg["data"]
+    config.check_int("data.n_seed_questions", d["n_seed_questions"])
+    return mae.MAEConfig(**{k: cfg["mae"][k] for k in MAE_FIELDS}, seed_level=d["level"], shots=d["shots"],
+                         temperature=cfg["trl"].get("temperature", 1.0), lora_r=cfg["lora"]["r"], seed=cfg["seed"]).validate()
+
+
+def mae_pieces(cfg: dict):
+    """(dataset, trainer kwargs) for MAE: the seed questions (notebook 06's pool) start the question pool; TRL's
+    dataloader rows only pace the steps."""
+    from datasets import Dataset
+
+    d = cfg["data"]
+    seeds = tasks.make_level(d["level"], d["n_seed_questions"], seed=cfg["seed"])
+    ds = Dataset.from_dict({"prompt": [trl_grpo.chat(mae.solve_prompt(p.question)) for p in seeds]})
+    return ds, {"mae_cfg": mae_config(cfg), "seeds": seeds}
+
+
+def no_reward(prompts, completions, **kwargs):
+    """TRL's reward slot for MAE, never called: the rewards come from mae.collect."""
+    raise RuntimeError("MAETrainer scores its rollouts with mae.collect")
+
+
+def load(cfg: dict, name: str = None):
+    """(model, tokenizer) of the config's model (or `name`), in bf16 when trl.bf16 is set; "tiny" is the tests'
+    random model seeded by the run's seed."""
+    import torch
+
+    name = name or cfg["model"]
+    if name == "tiny":
+        return models.tiny_model(seed=cfg["seed"])
+    bf16 = any(cfg.get(s, {}).get("bf16") for s in TRAINERS)
+    return models.load_model(name, dtype=torch.bfloat16 if bf16 else torch.float32)
+
+
+def lora_config(cfg: dict):
+    """The LoRA adapter TRL attaches (peft_config): rank r, alpha, on the workbook's target projections."""
+    from peft import LoraConfig
+
+    config.check_int("lora.r", cfg["lora"]["r"])
+    return LoraConfig(r=cfg["lora"]["r"], lora_alpha=cfg["lora"]["alpha"], target_modules=list(models.LORA_TARGETS),
+                      task_type="CAUSAL_LM")
+
+
+def elo_pieces(cfg: dict, tok, base):
+    """(dataset, reward, parts to checkpoint) for Elo-Evolve: the opponents' responses from the base model before
+    its adapter is attached (evolve.build_pool) and their ratings fitted to the judge's round robin with the policy
+    at start anchored at start_rating, as notebook 02 does. The likelihood judge scores with a frozen copy."""
+    from datasets import Dataset
+
+    e, d, seed = cfg["elo-evolve"], cfg["data"], cfg["seed"]
+    problems = tasks.make_level(d["level"], d["n_train"], seed=seed)
+    shots = tasks.worked_examples(d["level"], d["shots"], seed) if d["shots"] else []
+    if e["judge"] == "quality":
+        judge = evolve.QualityJudge()
+    elif e["judge"] == "likelihood":
+        shots_j = tasks.worked_examples(d["level"], e["judge_shots"], seed) if e["judge_shots"] else []
+        judge = evolve.LikelihoodJudge(load(cfg)[0], tok, shots_j)
+    else:
+        judge = evolve.LLMJudge(*load(cfg, e["judge_model"]))
+    if e["pool_file"]:  # the opponents' cached responses, one per training problem, and their ratings
+        path = repo_file(e["pool_file"])
+        if not path.is_file():
+            make_pool(cfg, problems, path)
+        pool = json.loads(path.read_text())
+        if sorted(pool) != sorted(e["ratings"]) or any(len(r) != len(problems) for r in pool.values()):
+            raise ValueError(f"elo-evolve.pool_file {e['pool_file']} must hold {len(problems)} responses for each "
+                             f"opponent of elo-evolve.ratings ({', '.join(e['ratings'])})")
+        ratings = [float(e["ratings"][n]) for n in pool]
+    else:
+        specs = evolve.opponent_specs(e["opponents"], cfg["trl"].get("temperature", 1.0), d["shots"])
+        pool = evolve.build_pool(base, tok, problems, specs, e["pool_tokens"], seed, level=d["level"], progress=False)
+        names = list(pool)
+        ratings = elo.fit_ratings(evolve.win_matrix(judge, problems, pool), anchor=names.index(evolve.START_PLAYER),
+                                  anchor_rating=e["start_rating"])
+    reward = trl_grpo.EloReward(judge, pool, ratings, e["temperature"], e["k"], e["update_rule"], e["start_rating"],
+                               e["length_margin"], seed)
+    ds = Dataset.from_dict({"prompt": [trl_grpo.chat(p.chat(shots)) for p in problems], "index": list(range(len(problems))),
+                            "question": [p.question for p in problems], "answer": [p.answer for p in problems]})
+    return ds, reward, {"elo": reward}
+
+
+def repo_file(name) -> Path:
+    """A data file named in a config: relative names are the repository's (config.ROOT)."""
+    return Path(name) if Path(name).is_absolute() else config.ROOT / name
+
+
+def make_pool(cfg: dict, problems, path: Path) -> None:
+    """Write pool_file: every opponent of `ratings` answers each training problem once, sampled from its own model
+    (opponent_models: name -> checkpoint) with the policy's prompt and the trl temperature by the workbook's
+    opponent generation (evolve.build_pool, best of 1), pool_tokens new tokens. The main process writes it; the
+    others then read it."""
+    from accelerate import PartialState
+
+    e, d = cfg["elo-evolve"], cfg["data"]
+    missing = [n for n in e["ratings"] if n not in (e["opponent_models"] or {})]
+    if missing:
+        raise ValueError(f"elo-evolve.opponent_models must name each opponent's model to build pool_file {path} "
+                         f"(missing: {', '.join(missing)})")
+    with PartialState().main_process_first():
+        if path.is_file():
+            return
+        pool = {}
+        for name in e["ratings"]:
+            model, tok = load(cfg, e["opponent_models"][name])
+            spec = evolve.OpponentSpec(name, float(cfg["trl"].get("temperature", 1.0)), 1, d["shots"])
+            pool.update(evolve.build_pool(model, tok, problems, [spec], e["pool_tokens"], cfg["seed"], d["level"], False))
+            del model
+        if PartialState().is_main_process:
+            files.write_json(path, pool)
+
+
+def rlpr_pieces(cfg: dict, tok, model):
+    """(dataset, reward, filter) for RLPR: the question set of notebook 03 (answers.make_questions), r' from the
+    initial policy when baseline is "initial"."""
+    from datasets import Dataset
+
+    r, d, seed = cfg["rlpr"], cfg["data"], cfg["seed"]
+    qs = answers.make_questions(d["n_arithmetic"], d["n_factual"], seed=seed, level=d["level"], n_heldout=0)["train"]
+    shots = tasks.worked_examples(d["level"], d["shots"], seed) if d["shots"] else []
+    temperature = cfg["trl"].get("temperature", 1.0)
+    baseline = "policy"
+    if r["baseline"] == "initial":
+        probs = rlpr.baseline_probs(model, tok, [q.chat(shots) for q in qs], [q.reference for q in qs],
+                                    temperature=temperature)
+        baseline = {q.id: p for q, p in zip(qs, probs)}
+    reward = rlpr.Reward(None, tok, "probability", r["aggregation"], baseline, r["format_weight"], temperature)
+    f = r["filter"]
+    filt = None if f is None else rlpr_training.StdFilter(f["beta"], f["ratio"], f["warmup_start"], f["warmup_end"])
+    ds = Dataset.from_dict({"prompt": [trl_grpo.chat(q.chat(shots)) for q in qs], "id": [q.id for q in qs],
+                            "reference": [q.reference for q in qs], "aliases": [list(q.aliases) for q in qs],
+                            "value": [q.value for q in qs]})
+    return ds, trl_grpo.RLPRReward(reward), filt
+
+
+def build(method: str, cfg: dict):
+    """The TRL trainer of one method and the parts whose state goes into its checkpoints."""
+    import torch
+    from trl import GRPOTrainer
+
+    config.set_seed(cfg["seed"])
+    model, tok = load(cfg)
+    args = grpo_args(cfg, method)
+    if method == "elo-evolve":
+        ds, reward, parts = elo_pieces(cfg, tok, model)
+        trainer_cls, extra = GRPOTrainer, {}
+    elif method == "rlpr":
+        ds, reward, filt = rlpr_pieces(cfg, tok, model)
+        trainer_cls, extra = trl_grpo.RLPRTrainer, {"std_filter": filt}
+    else:
+
+        (ds, extra), reward = mae_pieces(cfg), no_reward
+        trainer_cls = trl_mae.MAETrainer
+    torch.manual_seed(config.derive_seed(cfg["seed"], "scale-lora"))
+    trainer = trainer_cls(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
+                          peft_config=lora_config(cfg), **extra)
+    parts = parts if method == "elo-evolve" else {method: trainer}
+    trainer.add_callback(trl_grpo.SaveState(**parts))
+    return trainer, reward, parts
+
+
+def adapter_digest(model) -> str:
+    """sha256 of the trainable weights (names and bytes, in name order)."""
+    h = hashlib.sha256()
+    for name, p in sorted((n, p) for n, p in model.named_parameters() if p.requires_grad):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def train(method: str, config_path, sets=()) -> dict:
+    """Build, resume if asked, train, and write this process's rank<k>.json; returns that record."""
+    import torch.distributed as dist
+    from transformers.trainer_utils import get_last_checkpoint
+
+    cfg = read_config(method, config_path, sets)
+    if method == "malt":
+        from accelerate import PartialState
+
+        config.set_seed(cfg["seed"])
+        record = trl_malt.train(cfg, load, lora_config(cfg), adapter_digest)
+        files.write_json(Path(cfg["output_dir"]) / f"rank{PartialState().process_index}.json", record)
+        return record
+    trainer, reward, parts = build(method, cfg)
+    out = Path(cfg["output_dir"])
+    last = get_last_checkpoint(str(out)) if cfg["resume"] and out.is_dir() else None
+    if last is not None:
+        trl_grpo.load_state(last, **parts)
+    trainer.train(resume_from_checkpoint=last)
+    state = trainer.accelerator.state
+    record = {"method": method, "process": state.process_index, "processes": state.num_processes,
+              "backend": dist.get_backend() if dist.is_initialized() else None,
+              "steps": trainer.state.global_step, "adapter_sha256": adapter_digest(trainer.model),
+              "seen": getattr(reward, "seen", None), "state": {k: p.state_dict() for k, p in parts.items()},
+              "log": trainer.state.log_history}
+    files.write_json(out / f"rank{state.process_index}.json", record)
+    return record
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m replication train")
+    ap.add_argument("method", help=f"one of {', '.join(METHODS)}")
+    ap.add_argument("--config", required=True, help="a YAML file: configs/paper/<method>.yaml, configs/tiny/...")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one setting of the config (the value read as YAML), e.g. trl.vllm_mode=server")
+    args = ap.parse_args(argv)
+    try:
+        if not Path(args.config).is_file():
+            raise ValueError(f"--config {args.config!r} is not a file")
+        record = train(args.method, args.config, args.set)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # left to interpreter exit, gloo's threads sometimes abort the process (SIGABRT)
+        dist.barrier()
+        dist.destroy_process_group()
+    if args.method == "malt":
+        print(f"process {record['process']}: " + ", ".join(
+            f"{r} {x.get('sft_examples', 0)} SFT examples, {x.get('pairs', 0)} pairs, adapter "
+            f"{x.get('adapter_sha256', 'kept')[:12]}" for r, x in record["roles"].items()))
+        return 0
+    print(f"process {record['process']}: {record['steps']} steps, adapter {record['adapter_sha256'][:12]}")
+    return 0
+
