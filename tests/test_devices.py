@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from replication.lm import dpo, judges, models, tasks
-from replication.papers.elo_evolve import evolve
+from replication.papers.elo_evolve import judging
 from replication.papers.rlpr import rlpr
 
 
@@ -27,11 +27,11 @@ def meta_model():
 PROBLEMS = tasks.make_level("1d-1step-add", 2, seed=0)
 PATHS = {
     "rlpr scoring": lambda m, t: rlpr.baseline_probs(m, t, [p.prompt() for p in PROBLEMS], [str(p.answer) for p in PROBLEMS]),
-    "likelihood judge": lambda m, t: evolve.LikelihoodJudge(m, t).p_win(
+    "likelihood judge": lambda m, t: judging.LikelihoodJudge(m, t).p_win(
         [p.question for p in PROBLEMS], [p.answer for p in PROBLEMS], ["The answer is 3.", "4"], ["5", "The answer is 6."]),
-    "likelihood judge, worked examples": lambda m, t: evolve.LikelihoodJudge(m, t, PROBLEMS[:1]).p_win(
+    "likelihood judge, worked examples": lambda m, t: judging.LikelihoodJudge(m, t, PROBLEMS[:1]).p_win(
         [PROBLEMS[1].question], [PROBLEMS[1].answer], ["The answer is 3."], ["5"]),
-    "llm judge": lambda m, t: evolve.LLMJudge(m, t).p_win(
+    "llm judge": lambda m, t: judging.LLMJudge(m, t).p_win(
         [p.question for p in PROBLEMS], [p.answer for p in PROBLEMS], ["The answer is 3.", "4"], ["5", "6"]),
     "response log-probs": lambda m, t: judges.response_logps(m, t, [p.question for p in PROBLEMS], ["3", "4"]),
     "sampling (opponent pool, MAE, MALT trees)": lambda m, t: models.sample(m, t, models.chat_prompts(

@@ -9,43 +9,43 @@ import pytest
 import torch
 
 from replication.core import cache, paper, stats
-from replication.lm import elo, grpo, loop, models, tasks, training
-from replication.papers.elo_evolve import evolve, evolve_eval
+from replication.lm import arms, elo, grpo, loop, models, tasks, training
+from replication.papers.elo_evolve import evolve, evolve_eval, judging
 
 GOOD, WRONG, BARE = "So 3 + 4 = 7. The answer is 7.", "The answer is 9.", "seven i think 7"
 
 
 def test_correct_is_the_quality():
-    assert evolve.correct(GOOD, 7) == 1.0 and evolve.correct(BARE, 7) == 1.0     # format does not count
-    assert evolve.correct(WRONG, 7) == 0.0 and evolve.correct("no idea", 7) == 0.0
+    assert judging.correct(GOOD, 7) == 1.0 and judging.correct(BARE, 7) == 1.0     # format does not count
+    assert judging.correct(WRONG, 7) == 0.0 and judging.correct("no idea", 7) == 0.0
 
 
 def test_outcomes_win_loss_tie_and_length_rule():
-    judge = evolve.QualityJudge(sigma_comp=0.01, sigma_abs=1.0)   # nearly noiseless comparisons
+    judge = judging.QualityJudge(sigma_comp=0.01, sigma_abs=1.0)   # nearly noiseless comparisons
     rng = np.random.default_rng(0)
     q, a = ["q"] * 5, [7] * 5
     policy = [GOOD, WRONG, GOOD, GOOD + " and" * 30, BARE]
     opponent = [WRONG, GOOD, GOOD, WRONG, GOOD]
-    s = evolve.outcomes(judge, q, a, policy, opponent, rng, length_margin=20)
+    s = judging.outcomes(judge, q, a, policy, opponent, rng, length_margin=20)
     # win, loss, identical = tie, longer by > 20 words = 0, equally correct but unformatted = tie (format cannot win)
     assert s.tolist() == [1.0, 0.0, 0.5, 0.0, 0.5]
-    s = evolve.outcomes(judge, q, a, policy, opponent, rng, length_margin=40)
+    s = judging.outcomes(judge, q, a, policy, opponent, rng, length_margin=40)
     assert s[3] == 1.0                         # within the margin the better answer wins again
     with pytest.raises(ValueError, match="length_margin"):
-        evolve.outcomes(judge, q, a, policy, opponent, rng, length_margin=-1)
+        judging.outcomes(judge, q, a, policy, opponent, rng, length_margin=-1)
 
 
 def test_thurstone_win_probability_and_noise():
-    judge = evolve.QualityJudge(sigma_comp=1.0, sigma_abs=2.0)
+    judge = judging.QualityJudge(sigma_comp=1.0, sigma_abs=2.0)
     p = judge.p_win(["q"], [7], [GOOD], [WRONG])[0]
     assert p == pytest.approx(0.84134, abs=1e-4)        # Phi(1 / 1): right vs wrong
-    draws = evolve.outcomes(judge, ["q"] * 20000, [7] * 20000, [GOOD] * 20000, [WRONG] * 20000,
+    draws = judging.outcomes(judge, ["q"] * 20000, [7] * 20000, [GOOD] * 20000, [WRONG] * 20000,
                             np.random.default_rng(1))
     assert draws.mean() == pytest.approx(p, abs=0.01)
     scores = judge.scores(["q"] * 20000, [7] * 20000, [GOOD] * 20000, np.random.default_rng(2))
     assert scores.mean() == pytest.approx(1.0, abs=0.05) and scores.std() == pytest.approx(2.0, abs=0.05)
     with pytest.raises(ValueError, match="sigma_comp"):
-        evolve.QualityJudge(sigma_comp=0)
+        judging.QualityJudge(sigma_comp=0)
 
 
 @pytest.mark.parametrize("reply, want", [("So 3 + 4 = 7. The answer is 7.", "So 3 + 4 = 7. The answer is 7."),
@@ -53,7 +53,7 @@ def test_thurstone_win_probability_and_noise():
                                          ("So 3 + 4 = 7 (the answer is 7).", "So 3 + 4 = 7 The answer is 7."),
                                          ("Answer: 7", "The answer is 7."), ("no idea", None)])
 def test_canonical_states_every_answer_one_way(reply, want):
-    assert evolve.canonical(reply) == want
+    assert judging.canonical(reply) == want
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def tiny():
 def test_likelihood_judge_is_reference_free_deterministic_and_blind_to_format(tiny):
     model, tok = tiny
     shots = tasks.worked_examples("1d-1step-add", 1, seed=0)
-    judge = evolve.LikelihoodJudge(model, tok, shots=shots)
+    judge = judging.LikelihoodJudge(model, tok, shots=shots)
     qs = ["Mia has 3 apples. Mia gets 4 more apples. How many apples does Mia have now?"] * 4
     a = ["3 + 4 = 7. The answer is 7.", "3 + 4 = 7.", "The answer is 9.", "no idea"]
     b = ["3 + 4 = 7. Answer: 7", "3 + 4 = 7. The answer is 7.", "The answer is 9.", "no number"]
@@ -84,7 +84,7 @@ def test_likelihood_judge_is_reference_free_deterministic_and_blind_to_format(ti
 @pytest.mark.parametrize("k", [0, 2])
 def test_likelihood_judge_scores_match_a_direct_computation(tiny, k):
     model, tok = tiny   # with shots, the worked examples' cache is computed once and shared by every question
-    judge = evolve.LikelihoodJudge(model, tok, shots=tasks.worked_examples("1d-1step-add", k, seed=1))
+    judge = judging.LikelihoodJudge(model, tok, shots=tasks.worked_examples("1d-1step-add", k, seed=1))
     q, reply = "Leo has 2 coins. Leo gets 5 more coins. How many coins does Leo have now?", "2 + 5 = 7. The answer is 7."
     ids = training.encode_pairs(tok, [judge.prompt(q)], [reply])
     with torch.no_grad():
@@ -99,7 +99,7 @@ def test_judge_accuracy_on_right_wrong_pairs():
     problems = tasks.make_level("1d-1step-add", 3, seed=2)
     players = {"a": [f"The answer is {p.answer}." for p in problems], "b": [f"The answer is {p.answer + 1}." for p in problems],
                "c": ["no idea"] * 3}
-    out = evolve_eval.judge_accuracy(evolve.QualityJudge(0.01, 1.0), problems, players)
+    out = evolve_eval.judge_accuracy(judging.QualityJudge(0.01, 1.0), problems, players)
     assert out["n"] == 3 and out["accuracy"] == pytest.approx(1.0) and out["problems"] == 3   # 'no idea' states no number
 
 
@@ -116,7 +116,7 @@ def test_lc_win_rate_removes_a_length_effect():
 
 
 def test_arena_reports_side_data_through_the_logging_callables():
-    judge = evolve.QualityJudge(sigma_comp=0.01, sigma_abs=1.0)
+    judge = judging.QualityJudge(sigma_comp=0.01, sigma_abs=1.0)
     meta = [{"question": "q", "answer": 7, "opponent_response": WRONG}] * 2
     metrics, extras = {}, {}
     arena = evolve.Arena(judge, "static")
@@ -153,7 +153,7 @@ def test_pool_through_the_one_cache(tmp_path, tiny_pool_setup):
     assert set(pool) == {"weak", "mid", "strong"} and list(pool) == ["weak", "mid", "strong"]
     assert all(len(v) == len(problems) for v in pool.values())
     for mid, strong, p in zip(pool["mid"], pool["strong"], problems):   # strong picks from mid's sample + 2
-        assert evolve.correct(strong, p.answer) >= evolve.correct(mid, p.answer)
+        assert judging.correct(strong, p.answer) >= judging.correct(mid, p.answer)
     assert get()[0] == pool and len(made) == 1                       # reused, not rebuilt
     value = cache.path_for(tmp_path, "evolve_pool", key) / "value.json"
     value.write_text(json.dumps({**pool, "weak": ["tampered"] * len(problems)}))
@@ -170,7 +170,7 @@ def test_pool_opponents_with_worked_examples_and_greedy(tiny_pool_setup):
     pool = evolve.build_pool(model, tok, problems, specs, 4, 0, level="1d-1step-add", progress=False)
     assert pool["greedy"] == evolve.build_pool(model, tok, problems, specs[:1], 4, 0, progress=False)["greedy"]
     for a, b, p in zip(pool["shots"], pool[evolve.START_PLAYER], problems):   # best of 2 includes the anchor's sample
-        assert a == b or evolve.correct(a, p.answer)
+        assert a == b or judging.correct(a, p.answer)
     with pytest.raises(ValueError, match="level"):
         evolve.build_pool(model, tok, problems, specs, 4, 0, progress=False)
 
@@ -184,7 +184,8 @@ def test_opponent_specs_end_with_the_anchor():
 
 def fake_eval(p_win, words, ref_words=None, correct=None):
     n = len(p_win)
-    return pd.DataFrame({"p_win": p_win, "words": words, "ref_words": ref_words if ref_words is not None else [10] * n,
+    return pd.DataFrame({"id": [f"p{i}" for i in range(n)], "p_win": p_win, "words": words,
+                         "ref_words": ref_words if ref_words is not None else [10] * n,
                          "correct": correct if correct is not None else (np.asarray(p_win) > 0.5).astype(float)})
 
 
@@ -193,15 +194,15 @@ def test_compare_only_healthy_arms_and_lc_difference():
     n = 60
     evals = {"point": fake_eval(rng.uniform(0.0, 0.4, n), [10] * n), "static": fake_eval(rng.uniform(0.3, 0.7, n), [10] * n),
              "elo": fake_eval(rng.uniform(0.6, 1.0, n), [10] * n)}
-    records = {"point": {"healthy": True}, "static": {"healthy": True}, "elo": {"healthy": True}}
+    records = {k: {"healthy": True, "failed_checks": []} for k in ("point", "static", "elo")}
     out = evolve_eval.compare(evals, records, [("static", "point"), ("elo", "static")], "p_win", seed=0)
     for k in ("static - point", "elo - static"):
-        est, lo, hi = out[k]["difference"]
+        est, (lo, hi) = out[k]["difference"], out[k]["ci95"]
         assert 0 < lo <= est <= hi and evolve_eval.part_verdict(out[k]) == "reproduced"
-    assert out["elo - static"]["difference"][0] == pytest.approx(evals["elo"]["p_win"].mean() - evals["static"]["p_win"].mean())
-    records["static"]["healthy"] = False
+    assert out["elo - static"]["difference"] == pytest.approx(evals["elo"]["p_win"].mean() - evals["static"]["p_win"].mean())
+    records["static"] = {"healthy": False, "failed_checks": ["learned"]}
     out = evolve_eval.compare(evals, records, [("static", "point"), ("elo", "point")], "correct", seed=0)
-    assert out["static - point"] == {"failed": ["static"]} and "difference" in out["elo - point"]
+    assert out["static - point"]["failed"] == ["static"] and "interval" in out["elo - point"]["basis"]
     assert evolve_eval.part_verdict(out["static - point"]) == "not tested"
     assert "static failed" in evolve_eval.describe(out)
     d, lo, hi = evolve_eval.lc_difference(evals["elo"], evals["point"], n_boot=200, seed=0)
@@ -241,21 +242,26 @@ def test_paper_role():
     assert evolve_eval.paper_role("static", "middle") == "static-mid" and evolve_eval.paper_role("static", "nearest") is None
 
 
+def heldout(correct, tokens):
+    return pd.DataFrame({"id": [f"p{i}" for i in range(len(correct))], "correct": correct, "tokens": tokens})
+
+
 def test_health_checks_and_the_arm_record():
-    base = {"accuracy": 0.4, "accuracy_ci95": [0.33, 0.47], "mean_words": 20.0}
-    rows = [{"reward_mean": r, "zero_std_frac": 0.25, "samples": 32, "rating_before": 1350.0 + 10 * i, "rating": 1360.0 + 10 * i}
-            for i, r in enumerate([0.2, 0.3, 0.4, 0.5])]
-    good = {"accuracy": 0.6, "accuracy_ci95": [0.53, 0.67], "mean_words": 18.0, "n": 200, "win_rate": 0.6, "lc_win_rate": 0.6}
-    check = evolve_eval.health(rows, good, base, "static")
-    assert check["healthy"] and check["signal"]["change"] == pytest.approx(0.2)
-    assert evolve_eval.health(rows, good, base, "elo")["signal"]["change"] == pytest.approx(40.0)
-    collapsed = {**good, "accuracy": 0.05, "mean_words": 4.0}
-    bad = evolve_eval.health(rows[::-1], collapsed, base, "point")
-    assert not bad["healthy"] and not any(bad["checks"].values())
-    rec = evolve_eval.arm_record("static-mid", rows, good, check)
-    assert rec["samples"] == 128 and rec["steps"] == 4 and rec["n_eval"] == 200 and rec["healthy"]
-    assert rec["interval"] == [0.53, 0.67] and rec["zero_gradient_share"] == 0.25
-    assert {"arm", "steps", "samples", "n_eval", "accuracy", "interval", "healthy"} <= set(rec)
+    base = heldout([1.0] * 80 + [0.0] * 120, [20.0] * 200)                   # 0.40, Wilson low ~0.33
+    rows = [{"reward_mean": r, "zero_std_frac": 0.25, "samples": 32, "rating_before": 1350.0 + 10 * i,
+             "rating": 1360.0 + 10 * i, "completion_len": 18.0} for i, r in enumerate([0.2, 0.3, 0.4, 0.5, 0.6, 0.7])]
+    good = heldout([1.0] * 120 + [0.0] * 80, [18.0] * 200)
+    check = evolve_eval.health(rows, good, base, "static", n_boot=200)
+    assert check["healthy"] and check["signal"]["change"] == pytest.approx(0.4) and check["signal"]["ci95"][0] > 0
+    assert evolve_eval.health(rows, good, base, "elo")["signal"]["change"] == pytest.approx(60.0)
+    collapsed = heldout([1.0] * 10 + [0.0] * 190, [4.0] * 200)
+    bad = evolve_eval.health(rows[::-1], collapsed, base, "point", n_boot=200)
+    assert not bad["healthy"] and bad["failed"] == ["learned", "accuracy_ok", "length_ok"]
+    summary = {"win_rate": 0.6, "lc_win_rate": 0.6, "mean_words": 18.0}
+    rec = evolve_eval.arm_record("static-mid", rows, good, summary, check)
+    assert rec["samples"] == 192 and rec["steps"] == 6 and rec["n_heldout"] == 200 and rec["healthy"]
+    assert rec["interval"] == pytest.approx(list(stats.proportion_ci(120, 200)[1:])) and rec["zero_gradient_share"] == 0.25
+    assert set(arms.RECORD_KEYS) <= set(rec)
 
 
 def test_sampling_movement():
@@ -291,7 +297,7 @@ def test_judge_heldout_with_given_replies():
     assert p.tolist() == [1.0, 0.5, 0.5]                 # the verifier: format does not count
 
 
-class RecordingJudge(evolve.QualityJudge):
+class RecordingJudge(judging.QualityJudge):
     """A quality judge that records which opponent responses it was asked to compare against."""
 
     def __init__(self):

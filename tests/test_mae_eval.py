@@ -4,7 +4,7 @@ held-out judge evaluation."""
 import pandas as pd
 import pytest
 
-from replication.lm import models, tasks
+from replication.lm import arms, models, tasks
 from replication.papers.mae import mae, mae_eval
 
 
@@ -22,12 +22,12 @@ def test_arm_record_fields_and_health():
     base = _table([True] * 10 + [False] * 10)
     good = mae_eval.arm_record("good", _result([0.2, 0.2, 0.3, 0.5, 0.6, 0.7]), _table([True] * 14 + [False] * 6), base,
                                n_boot=200)
-    assert set(mae_eval.RECORD_KEYS) <= set(good) and good["healthy"] and good["failed_checks"] == []
-    assert (good["steps"], good["samples"], good["n_eval"], good["known_answer_samples"]) == (6, 60, 20, 24)
+    assert set(arms.RECORD_KEYS) <= set(good) and good["healthy"] and good["failed_checks"] == []
+    assert (good["steps"], good["samples"], good["n_heldout"], good["known_answer_samples"]) == (6, 60, 20, 24)
     assert good["accuracy"] == 0.7 and good["interval"][0] < 0.7 < good["interval"][1]
     assert good["vs_base"]["difference"] == pytest.approx(0.2)
     flat = mae_eval.arm_record("flat", _result([0.5] * 6), _table([True] * 14 + [False] * 6), base, n_boot=200)
-    assert not flat["healthy"] and flat["failed_checks"] == ["reward_rose"]
+    assert not flat["healthy"] and flat["failed_checks"] == ["learned"]
     short = mae_eval.arm_record("short", _result([0.2, 0.2, 0.3, 0.5, 0.6, 0.7]), _table([True] * 14 + [False] * 6, tokens=5),
                                 base, n_boot=200)
     assert short["failed_checks"] == ["length_ok"]
@@ -36,8 +36,8 @@ def test_arm_record_fields_and_health():
     assert worse["failed_checks"] == ["accuracy_ok"]
     records = {"base": mae_eval.base_record(base), "good": good, "flat": flat}
     tables = {"base": base, "good": _table([True] * 14 + [False] * 6), "flat": _table([True] * 14 + [False] * 6)}
-    assert "interval" in mae_eval.compare("good", "base", tables, records, n_boot=200)["basis"]
-    assert "reward_rose" in mae_eval.compare("flat", "base", tables, records, n_boot=200)["basis"]["not_tested"]
+    assert "interval" in arms.compare("good", "base", tables, records, n_boot=200)["basis"]
+    assert "learned" in arms.compare("flat", "base", tables, records, n_boot=200)["basis"]["not_tested"]
 
 
 def test_judge_summary_counts_tags_and_agreement():

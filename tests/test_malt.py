@@ -8,6 +8,7 @@ import torch
 
 from replication.core import cache, config, stats
 from replication.lm import dpo, models, tasks
+from replication.lm.arms import RECORD_KEYS
 from replication.papers.malt import malt, malt_eval
 
 # One question, n = 2: leaves under (g0, v00), (g0, v01), (g1, v10), (g1, v11).
@@ -447,16 +448,21 @@ def _with_text(rows, text):
     return [{**r, "g": text, "r": text} for r in rows]
 
 
+def chars(texts, add_special_tokens=False):
+    """A tokenizer stand-in whose tokens are characters (arms.token_lengths)."""
+    return {"input_ids": [list(t) for t in texts]}
+
+
 def test_health_checks_learning_accuracy_and_length():
     base = _with_text(ROWS["base"], "x" * 20)
-    good = malt_eval.health(_with_text(ROWS["dpo"], "y" * 20), base, _logs([[1.0, 0.8], None, [0.7, 0.9]]), "dpo")
-    assert good["healthy"] and good["validation_fell"] == {"generator": True, "refiner": False}
-    still = malt_eval.health(_with_text(ROWS["dpo"], "y" * 20), base, _logs([[1.0, 1.2], [0.5], None]), "dpo")
+    good = malt_eval.health(_with_text(ROWS["dpo"], "y" * 20), base, _logs([[1.0, 0.8], None, [0.7, 0.9]]), "dpo", chars)
+    assert good["healthy"] and good["signal"]["by_role"] == {"generator": pytest.approx(0.2), "refiner": 0.0}
+    still = malt_eval.health(_with_text(ROWS["dpo"], "y" * 20), base, _logs([[1.0, 1.2], [0.5], None]), "dpo", chars)
     assert still["failed"] == ["learned"]
-    short = malt_eval.health(_with_text(ROWS["dpo"], "y" * 5), base, _logs([[1.0, 0.8], None, None]), "sft")
-    assert short["failed"] == ["length_ok"] and short["length_ratio"] == pytest.approx(0.25)
+    short = malt_eval.health(_with_text(ROWS["dpo"], "y" * 5), base, _logs([[1.0, 0.8], None, None]), "sft", chars)
+    assert short["failed"] == ["length_ok"] and short["heldout_length_ratio"] == pytest.approx(0.25)
     worse = malt_eval.health(_with_text(ROWS["dpo_local"], "y" * 20), _with_text(ROWS["sft"], "x" * 20),
-                        _logs([[1.0, 0.8], None, None]), "dpo")       # 0 of 2 right vs a base of 1 of 2
+                             _logs([[1.0, 0.8], None, None]), "dpo", chars)       # 0 of 2 right vs a base of 1 of 2
     assert worse["failed"] == ["accuracy_ok"] and worse["base_accuracy_low"] == stats.proportion_ci(1, 2)[1] > 0
 
 
@@ -464,15 +470,16 @@ def test_arm_records_and_comparison_basis():
     rows = {k: _with_text(v, "z" * 10) for k, v in ROWS.items()}
     logs = _logs([[1.0, 0.8], [1.0, 0.9], [1.0, 0.95]])
     sets = {p: ({r: ["s"] * 2 for r in malt.ROLES}, {r: ["p"] * 3 for r in malt.ROLES}) for p in malt.POOLINGS}
-    arms = malt_eval.arm_records(rows, {"sft": (logs, "global"), "dpo": (logs, "global"), "dpo_local": (logs, "local")}, sets)
+    arms = malt_eval.arm_records(rows, {"sft": (logs, "global"), "dpo": (logs, "global"), "dpo_local": (logs, "local")}, sets,
+                                 chars)
     by = {a["arm"]: a for a in arms}
     assert list(by) == list(malt_eval.ARM_VARIANTS)
-    assert all({"arm", "steps", "samples", "n_eval", "accuracy", "interval", "healthy"} <= set(a) for a in arms)
+    assert all(set(RECORD_KEYS) <= set(a) for a in arms)
     assert by["base generator"]["steps"] == 0 and by["base generator"]["samples"] == 0
     assert by["after SFT"]["steps"] == 3 and by["after SFT"]["samples"] == 6
     assert by["MALT (global pooling)"]["steps"] == 6 and by["MALT (global pooling)"]["samples"] == 15
     d = {"ci95": [0.1, 0.3]}
-    assert malt_eval.comparison_basis(d, ["MALT (global pooling)"], arms) == {"interval": [0.1, 0.3]}
+    assert malt_eval.comparison_basis(d, ["MALT (global pooling)"], arms) == {"interval": (0.1, 0.3)}
     failed = [{**a, "healthy": False, "failed_checks": ["learned"]} if a["arm"] == "after SFT" else a for a in arms]
     basis = malt_eval.comparison_basis(d, ["MALT (global pooling)", "after SFT"], failed)
     assert list(basis) == ["not_tested"] and "after SFT (learned)" in basis["not_tested"]

@@ -9,7 +9,7 @@ import torch
 from scipy.stats import mannwhitneyu
 
 from replication.core import config, stats
-from replication.lm import grpo, loop, models, training
+from replication.lm import arms, grpo, loop, models, training
 from replication.lm.rollout import Recorder
 from replication.papers.rlpr import answers, reward_quality, rlpr, rlpr_training
 
@@ -400,10 +400,10 @@ def test_answer_heldout_and_paired_difference(tiny):
     assert list(table.qid) == [q.id for q in qs] and {"correct", "verified", "format", "tokens"} <= set(table.columns)
     base = heldout_table([False, True, False, False])
     better = base.assign(correct=[True, True, True, False])[::-1]   # same questions, another order
-    d, lo, hi = rlpr_training.heldout_difference(better, base, seed=0)
+    d, lo, hi = stats.paired_bootstrap(*arms.paired(better, base), seed=0)
     assert d == 0.5 and lo <= d <= hi
     with pytest.raises(ValueError, match="same questions"):
-        rlpr_training.heldout_difference(base.iloc[:3], base)
+        arms.paired(base.iloc[:3], base)
 
 
 def test_health_check_and_arm_records():
@@ -412,32 +412,32 @@ def test_health_check_and_arm_records():
     rising = step_rows(list(np.linspace(0.2, 0.6, 12) + rng.normal(0, 0.02, 12)))
     good = heldout_table([True] * 60 + [False] * 40)
     h = rlpr_training.health(rising, good, base, n_boot=200)
-    assert h["healthy"] and h["failed"] == [] and h["reward_rise"][1] > 0
+    assert h["healthy"] and h["failed"] == [] and h["signal"]["ci95"][0] > 0
     assert h["base_accuracy_low"] == pytest.approx(stats.proportion_ci(40, 100)[1])
     flat = step_rows([0.4, 0.6, 0.5] * 4)                                  # no clear rise over the steps
-    assert rlpr_training.health(flat, good, base, n_boot=200)["failed"] == ["reward_rose"]
+    assert rlpr_training.health(flat, good, base, n_boot=200)["failed"] == ["learned"]
     worse = heldout_table([True] * 20 + [False] * 80)
     assert rlpr_training.health(rising, worse, base, n_boot=200)["failed"] == ["accuracy_ok"]
     short = step_rows(list(np.linspace(0.2, 0.6, 12)), lengths=[18.0] * 6 + [4.0] * 6)
     assert rlpr_training.health(short, good, base, n_boot=200)["failed"] == ["length_ok"]
     terse = heldout_table([True] * 60 + [False] * 40, tokens=5)
     assert rlpr_training.health(rising, terse, base, n_boot=200)["failed"] == ["length_ok"]
-    first, last = rlpr_training.thirds(10)
+    first, last = arms.thirds(10)
     assert first.sum() == last.sum() == 3 and first[:3].all() and last[-3:].all()
-    assert rlpr_training.thirds(2)[0].tolist() == [True, False]
+    assert arms.thirds(2)[0].tolist() == [True, False]
 
     rec = rlpr_training.arm_record("rlpr", rising, good, base, group=8, n_boot=200)
-    assert {"arm": "rlpr", "steps": 12, "samples": 12 * 4 * 8, "n_eval": 100, "accuracy": 0.6, "healthy": True}.items() <= rec.items()
+    assert {"arm": "rlpr", "steps": 12, "samples": 12 * 4 * 8, "n_heldout": 100, "accuracy": 0.6, "healthy": True}.items() <= rec.items()
     assert rec["interval"] == pytest.approx(list(stats.proportion_ci(60, 100)[1:]))
     assert rec["vs_base"]["difference"] == pytest.approx(0.2) and rec["zero_std_rolled"] == 0.25 and rec["rollouts"] == 23
     assert rec["grad_norm_cv"] == pytest.approx(np.std([1.0, 3.0] * 6, ddof=1) / 2.0)
     records = {"rlpr": rec, "rlvr": rlpr_training.arm_record("rlvr", flat, good, base, 8, 200),
                "base": rlpr_training.base_record(base)}
     tables = {"rlpr": good, "rlvr": good, "base": base}
-    vs_base = rlpr_training.compare("rlpr", "base", tables, records, n_boot=200)
+    vs_base = arms.compare("rlpr", "base", tables, records, n_boot=200)
     assert vs_base["pair"] == "rlpr - base" and vs_base["basis"] == {"interval": tuple(vs_base["ci95"])}
-    blocked = rlpr_training.compare("rlpr", "rlvr", tables, records, n_boot=200)
-    assert blocked["basis"] == {"not_tested": "not compared: failed health check: rlvr (reward_rose)"}
+    blocked = arms.compare("rlpr", "rlvr", tables, records, n_boot=200)
+    assert blocked["basis"] == {"not_tested": "not compared: failed health check: rlvr (learned)"}
 
 
 def test_filter_summary():

@@ -14,7 +14,7 @@ import torch
 
 from replication.core import config
 from replication.lm import elo, grpo, models, tasks, training
-from replication.papers.elo_evolve import evolve
+from replication.papers.elo_evolve import evolve, judging
 from replication.papers.rlpr import answers, rlpr, rlpr_training
 
 trl = pytest.importorskip("trl")
@@ -82,7 +82,7 @@ def elo_setup():
     pool = {"right": [f"The answer is {p.answer}." for p in problems], "short wrong": ["0"] * 3,
             "long wrong": ["Let me think about it: the answer is 1."] * 3}
     ratings = [1350.0, 1600.0, 1100.0]
-    reward = trl_grpo.EloReward(evolve.QualityJudge(sigma_comp=3.0), pool, ratings, temperature=300.0, k=32.0, update_rule="mean",
+    reward = trl_grpo.EloReward(judging.QualityJudge(sigma_comp=3.0), pool, ratings, temperature=300.0, k=32.0, update_rule="mean",
                              start_rating=1350.0, length_margin=0, seed=ELO_SEED)
     ds = {"prompt": [trl_grpo.chat(p.prompt()) for p in problems], "index": [0, 1, 2],
           "question": [p.question for p in problems], "answer": [p.answer for p in problems]}
@@ -96,7 +96,7 @@ def test_elo_evolve_rewards_advantages_loss_and_rating_match_the_workbook(tmp_pa
     got = torch.tensor(trainer._logs["rewards"]["elo_evolve"])
     opponents = list(trainer._logs["extra"]["opponent"])
     # the workbook's reward: evolve.Arena with the same opponents and the judge's noise seeded alike
-    arena = evolve.Arena(evolve.QualityJudge(sigma_comp=3.0), "elo", length_margin=0)
+    arena = evolve.Arena(judging.QualityJudge(sigma_comp=3.0), "elo", length_margin=0)
     arena.rng = np.random.default_rng(config.derive_seed(ELO_SEED, "judge", 0, 0))
     meta = [{"question": problems[j].question, "answer": problems[j].answer,
              "opponent_response": pool[o][j]} for j, o in zip(np.repeat(range(3), G), opponents)]
@@ -124,11 +124,11 @@ def test_elo_opponents_follow_the_temperature_rule_and_state_round_trips():
     assert reward.opponents([5, 5, 7], 3) == reward.opponents([5, 5, 7], 3) and \
         reward.opponents([5], 3)[0] == reward.opponents([5, 7], 3)[0]
     reward.rating, reward.calls = 1402.5, 7
-    other = trl_grpo.EloReward(evolve.QualityJudge(), pool, ratings, 100.0)
+    other = trl_grpo.EloReward(judging.QualityJudge(), pool, ratings, 100.0)
     other.load_state_dict(json.loads(json.dumps(reward.state_dict())))
     assert (other.rating, other.calls) == (1402.5, 7)
     with pytest.raises(ValueError, match="update_rule"):
-        trl_grpo.EloReward(evolve.QualityJudge(), pool, ratings, update_rule="max")
+        trl_grpo.EloReward(judging.QualityJudge(), pool, ratings, update_rule="max")
 
 
 def rlpr_setup(model, tok):

@@ -1,6 +1,8 @@
 """The package's shape: no import circles, short modules, notebooks that orchestrate and read paper numbers from data/."""
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -13,22 +15,43 @@ PACKAGE = config.ROOT / "replication"
 MAX_LINES = 400
 
 
-def imports(path: Path) -> set:
-    """Modules of the package that a module imports, at the top or inside functions."""
+def module_name(path: Path) -> str:
+    """'replication.papers.mae.mae' for replication/papers/mae/mae.py ('replication.core' for its __init__.py)."""
+    parts = path.relative_to(config.ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(source: str, name: str, is_package: bool, known) -> set:
+    """Modules of the package that a module imports, at the top or inside functions, as full dotted names
+    (`from replication.lm import grpo` -> replication.lm.grpo; `from . import x` resolved against the module)."""
+    here = name if is_package else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            out |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("replication."):
-            out.add(node.module.split(".")[1])
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            if not base.startswith("replication"):
+                continue
+            for a in node.names:
+                out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
         elif isinstance(node, ast.Import):
-            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("replication.")}
+            out |= {a.name for a in node.names if a.name.startswith("replication")}
     return out
 
 
-def graph() -> dict:
-    mods = {p.stem: p for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    return {m: imports(p) & set(mods) for m, p in mods.items()}
+def graph(mods: dict = None) -> dict:
+    """Module -> the package's modules it imports (top-level and function-local imports alike)."""
+    mods = modules() if mods is None else mods
+    return {m: imports(p.read_text(), m, p.name == "__init__.py", mods) & set(mods) for m, p in mods.items()}
 
 
 def cycles(g: dict) -> list:
@@ -58,7 +81,80 @@ def test_no_import_circles():
     assert not cycles(graph()), cycles(graph())
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGE.glob("*.py")), ids=lambda p: p.name)
+# ---- layers: core < lm < one folder per paper (and notebook 00's setup) < scale < the run machinery --------------
+
+def layer(module: str) -> str:
+    """The layer a module belongs to: core, lm, papers.<paper>, setup, scale, or run (the package's top level:
+    the runner, the workbook record, the report, the parameter registry, the command line)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "run"
+    if parts[1] == "papers":
+        return ".".join(parts[1:3]) if len(parts) > 2 else "papers"
+    return parts[1] if len(parts) > 2 or parts[1] in {"core", "lm", "setup", "scale"} else "run"
+
+
+def allowed(src: str, dst: str) -> bool:
+    """core imports only core; lm imports core and lm; a paper (or notebook 00's setup) imports core, lm and its own
+    folder, never another paper; scale imports everything below it; the run machinery imports any layer."""
+    a, b = layer(src), layer(dst)
+    if a == b or b == "run" and dst == "replication":  # the package root holds only __version__
+        return True
+    below = {"core": set(), "lm": {"core"}, "scale": {"core", "lm", "setup", "papers"}, "run": {"core", "lm", "setup",
+             "papers", "scale"}}
+    if a in below:
+        return b in below[a] or b.startswith("papers.") and "papers" in below[a]
+    if a.startswith("papers.") or a in ("setup", "papers"):
+        return b in ("core", "lm") or b == "papers" and a.startswith("papers.")
+    return False
+
+
+def violations(g: dict) -> list:
+    return sorted(f"{src} -> {dst} ({layer(src)} may not import {layer(dst)})"
+                  for src, dsts in g.items() for dst in dsts if not allowed(src, dst))
+
+
+def test_layers_hold():
+    assert not violations(graph()), "\n".join(violations(graph()))
+
+
+def test_layer_check_fails_on_a_paper_importing_another_paper(tmp_path):
+    mods = {**modules(), "replication.papers.mae.planted": tmp_path / "planted.py"}
+    (tmp_path / "planted.py").write_text("def f():\n    from replication.papers.rlpr import rlpr\n    return rlpr\n")
+    found = [v for v in violations(graph(mods)) if "planted" in v]
+    assert found == ["replication.papers.mae.planted -> replication.papers.rlpr.rlpr (papers.mae may not import "
+                     "papers.rlpr)"], found
+
+
+def test_layer_check_fails_on_core_importing_a_paper(tmp_path):
+    mods = {**modules(), "replication.core.planted": tmp_path / "planted.py"}
+    (tmp_path / "planted.py").write_text("from replication.papers.malt import malt\nfrom ..lm import grpo\n")
+    found = [v for v in violations(graph(mods)) if "planted" in v]
+    assert found == ["replication.core.planted -> replication.lm.grpo (core may not import lm)",
+                     "replication.core.planted -> replication.papers.malt.malt (core may not import papers.malt)"], found
+
+
+def test_core_and_the_runner_import_no_torch():
+    """The core layer, the runner and the parameter registry load without torch (or a model): the runner checks
+    parameters before any kernel starts, and the core holds no model machinery."""
+    names = sorted(m for m in modules() if layer(m) == "core") + ["replication.runner", "replication.settings"]
+    code = ("import importlib, sys\n"
+            f"for m in {names!r}:\n    importlib.import_module(m)\n"
+            "print(sorted(k for k in ('torch', 'transformers', 'peft') if k in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=config.ROOT, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_every_notebook_has_its_parameter_class_beside_its_code():
+    from replication import settings  # noqa: F401  (registers the classes)
+    from replication.core import params
+
+    assert sorted(params.REGISTRY) == [p.stem for p in NOTEBOOKS]
+    for stem, cls in params.REGISTRY.items():
+        assert cls.__module__.endswith(".params") and layer(cls.__module__) != "run", (stem, cls.__module__)
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_modules_are_short(path):
     n = len(path.read_text().splitlines())
     assert n <= MAX_LINES, f"{path.name} has {n} lines; split it by what it holds (at most {MAX_LINES})"

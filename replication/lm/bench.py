@@ -53,7 +53,7 @@ def reward_fn(kind: str):
     """length: shorter is better (cheap, always mixed); verifier: the exact verifier on the problem's answer."""
     if kind == "length":
         return lambda prompts, completions, metadata=None, **kw: [1.0 / (1.0 + len(c)) for c in completions]
-    return lambda prompts, completions, metadata, **kw: [float(tasks.verify(c, m["answer"])) for c, m in zip(completions, metadata)]
+    return tasks.verifier_reward
 
 
 def problems(cfg: dict):

@@ -175,21 +175,39 @@ def has_format(text: str) -> bool:
     return extract_answer(text, strict=True) is not None
 
 
+def verifier_reward(prompts, completions, metadata, log_metric=None, log_extra=None):
+    """The exact verifier as a GRPO reward (the RLVR yardstick's, the benchmark's): 1 when the reply's answer equals
+    the problem's (lenient), else 0; logs the strict rate and the format rate through log_metric."""
+    strict = [float(verify(c, m["answer"], strict=True)) for c, m in zip(completions, metadata)]
+    if log_metric is not None:
+        log_metric("rollout_strict", sum(strict) / len(strict))
+        log_metric("rollout_format", sum(has_format(c) for c in completions) / len(completions))
+    return [float(verify(c, m["answer"])) for c, m in zip(completions, metadata)]
+
+
+def exact_scores(text: str, p: Problem) -> dict:
+    """The exact verifier's columns of one reply: the extracted answer, lenient and strict correctness, format."""
+    return {"extracted": extract_answer(text), "correct": verify(text, p.answer),
+            "correct_strict": verify(text, p.answer, strict=True), "format": has_format(text)}
+
+
 def evaluate(model, tok, problems, max_new_tokens: int = 64, batch_size: int = 16, seed: int = 0,
-             temperature: float = 0.0, instruction: str = INSTRUCTION, prompts=None, progress: bool = True):
+             temperature: float = 0.0, instruction: str = INSTRUCTION, prompts=None, progress: bool = True,
+             score=exact_scores, columns=None):
     """The one held-out evaluation of answers to problems: one reply per problem (greedy unless a temperature
-    is given) to p.prompt(instruction), or to the given prompts; a DataFrame with the reply, lenient and strict
-    correctness (exact verifier), format and length."""
+    is given) to p.prompt(instruction), or to the given prompts; a DataFrame with the problem's columns
+    (columns(p), default p.to_dict()), the reply, its scores (score(reply, p), default the exact verifier's
+    `exact_scores`: lenient and strict correctness, format) and its length in tokens."""
     import pandas as pd
 
-    from .models import generate
+    from .models import generate  # tasks stays free of torch at import: the parameter classes read its LEVELS
 
     prompts = [p.prompt(instruction) for p in problems] if prompts is None else list(prompts)
     if len(prompts) != len(problems):
         raise ValueError(f"prompts has {len(prompts)} entries for {len(problems)} problems")
     gen = generate(model, tok, prompts, max_new_tokens=max_new_tokens,
                    temperature=temperature, seed=seed, batch_size=batch_size, progress=progress)
-    rows = [{**p.to_dict(), "reply": text, "extracted": extract_answer(text), "correct": verify(text, p.answer),
-             "correct_strict": verify(text, p.answer, strict=True), "format": has_format(text),
-             "tokens": len(ids)} for p, text, ids in zip(problems, gen.texts, gen.completion_ids)]
+    columns = (lambda p: p.to_dict()) if columns is None else columns
+    rows = [{**columns(p), "reply": text, **score(text, p), "tokens": len(ids)}
+            for p, text, ids in zip(problems, gen.texts, gen.completion_ids)]
     return pd.DataFrame(rows)

@@ -35,14 +35,13 @@ import yaml
 
 from replication.core import config, files
 from replication.lm import elo, models, tasks
-from replication.papers.elo_evolve import evolve
+from replication.papers.elo_evolve import evolve, judging
 from replication.papers.mae import mae
 from replication.papers.malt import malt
 from replication.papers.rlpr import answers, rlpr, rlpr_training
 from . import trl_grpo, trl_mae, trl_malt
 
 METHODS = ("elo-evolve", "rlpr", "mae", "malt")
-JUDGES = ("quality", "likelihood", "llm")
 SECTIONS = ("model", "seed", "output_dir", "resume", "data", "lora", "trl")  # and the method's own
 TRAINERS = {"trl": "GRPOConfig", "sft": "SFTConfig", "dpo": "DPOConfig"}  # sections passed as is to TRL's configs
 # the notebook whose experiment each method's paper config runs at the paper's scale (its paper profile's section)
@@ -108,7 +107,7 @@ def read_config(method: str, path, sets=()) -> dict:
             check_trl(out[section], section)
     if method == "elo-evolve":
         e = out[method]
-        config.check_choice("elo-evolve.judge", e["judge"], JUDGES)
+        config.check_choice("elo-evolve.judge", e["judge"], judging.JUDGES)
         if e["judge"] == "llm" and not e["judge_model"]:
             raise ValueError("elo-evolve.judge_model=None is not allowed with judge llm; name the judge's checkpoint")
         if e["pool_file"] and not isinstance(e["ratings"], dict):
@@ -219,13 +218,9 @@ def elo_pieces(cfg: dict, tok, base):
     e, d, seed = cfg["elo-evolve"], cfg["data"], cfg["seed"]
     problems = tasks.make_level(d["level"], d["n_train"], seed=seed)
     shots = tasks.worked_examples(d["level"], d["shots"], seed) if d["shots"] else []
-    if e["judge"] == "quality":
-        judge = evolve.QualityJudge()
-    elif e["judge"] == "likelihood":
-        shots_j = tasks.worked_examples(d["level"], e["judge_shots"], seed) if e["judge_shots"] else []
-        judge = evolve.LikelihoodJudge(load(cfg)[0], tok, shots_j)
-    else:
-        judge = evolve.LLMJudge(*load(cfg, e["judge_model"]))
+    # the likelihood judge scores with a frozen copy of the base model; the LLM judge with its own model
+    frozen = None if e["judge"] == "quality" else load(cfg, e["judge_model"] if e["judge"] == "llm" else None)
+    judge = judging.make_judge(e["judge"], frozen, d["level"], e["judge_shots"], seed)
     if e["pool_file"]:  # the opponents' cached responses, one per training problem, and their ratings
         path = repo_file(e["pool_file"])
         if not path.is_file():

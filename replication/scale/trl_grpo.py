@@ -2,7 +2,7 @@
 
 Every reward is the workbook's own function; this module only adapts it to TRL's reward signature
 `f(prompts, completions, **columns, trainer_state=, log_metric=, log_extra=)` and to several processes:
-- EloReward: Elo-Evolve's win/loss reward (evolve.outcomes: the judge and the length rule) against an opponent drawn
+- EloReward: Elo-Evolve's win/loss reward (judging.outcomes: the judge and the length rule) against an opponent drawn
   per prompt by the Elo temperature rule (elo.sampling_probs); the policy's rating moves once per generation batch
   (elo.update) over the outcomes gathered from every process, so all ranks hold the same rating.
 - RLPRReward and RLPRTrainer: RLPR's probability reward (rlpr.Reward) scored by the trainer's own policy, and the
@@ -24,7 +24,7 @@ from trl import GRPOTrainer
 
 from replication.core import config
 from replication.lm import elo
-from replication.papers.elo_evolve import evolve
+from replication.papers.elo_evolve import judging
 from replication.papers.rlpr import rlpr, rlpr_training
 
 STATE_FILE = "replication_state.json"
@@ -77,7 +77,7 @@ class EloReward:
         step = self.calls if trainer_state is None else trainer_state.global_step
         probs, opp = self.probs(), self.opponents(index, step)
         rng = np.random.default_rng(config.derive_seed(self.seed, "judge", step, PartialState().process_index))
-        s = evolve.outcomes(self.judge, question, answer, texts(completions),
+        s = judging.outcomes(self.judge, question, answer, texts(completions),
                             [self.pool[self.names[o]][i] for o, i in zip(opp, index)], rng, self.length_margin)
         self.seen.extend(int(i) for i in dict.fromkeys(index))
         everyone, their_opp = gather_object(s.tolist()), gather_object(opp)  # every process's matches, rank order

@@ -21,15 +21,6 @@ from replication.core import config, stats
 from replication.lm import grpo, loop, models, tasks
 
 
-def verifier_reward(prompts, completions, metadata, log_metric=None, log_extra=None):
-    """1 when the reply's answer equals the problem's (lenient exact verifier), else 0; logs the strict rate."""
-    strict = [float(tasks.verify(c, m["answer"], strict=True)) for c, m in zip(completions, metadata)]
-    if log_metric is not None:
-        log_metric("rollout_strict", float(np.mean(strict)))
-        log_metric("rollout_format", float(np.mean([tasks.has_format(c) for c in completions])))
-    return [float(tasks.verify(c, m["answer"])) for c, m in zip(completions, metadata)]
-
-
 def prompts_for(problems, shots) -> list:
     """Each problem as chat turns after the worked examples (Problem.chat)."""
     return [p.chat(shots) for p in problems]
@@ -77,7 +68,7 @@ def train_curve(model, tok, train, heldout, shots, cfg: grpo.GRPOConfig, steps: 
     config.check_int("steps", steps)
     config.check_int("eval_every", eval_every)
     config.check_range("prompts_per_step", prompts_per_step, 1, len(train))
-    trainer = grpo.GRPOTrainer(model, tok, verifier_reward, cfg)
+    trainer = grpo.GRPOTrainer(model, tok, tasks.verifier_reward, cfg)
 
     def step_fn(step, state):
         batch = random.Random(config.derive_seed(cfg.seed, "yardstick-draw", step)).sample(train, prompts_per_step)

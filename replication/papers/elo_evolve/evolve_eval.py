@@ -5,11 +5,11 @@ the policy's rating rise, and the paper's Tables 1-2. Every interval comes from 
 import numpy as np
 
 from replication.core import config, files, fmt, paper, stats, verdicts
-from replication.lm import models, tasks
+from replication.lm import arms, models, tasks
 from . import evolve
-from .evolve import correct, words
+from .judging import correct, words
+from .params import STATIC_RULES
 
-STATIC_RULES = ("middle", "strongest", "weakest", "nearest")
 
 
 class VerifierJudge:
@@ -39,14 +39,15 @@ def judge_heldout(model, tok, judge, problems, reference, max_new_tokens: int = 
                        "p_win": judge.p_win(qs, ans, replies, reference),
                        "correct": [correct(t, a) for t, a in zip(replies, ans)],
                        "format": [tasks.has_format(t) for t in replies],
-                       "words": [words(t) for t in replies], "ref_words": [words(t) for t in reference]})
+                       "words": [words(t) for t in replies], "ref_words": [words(t) for t in reference],
+                       "tokens": arms.token_lengths(tok, replies) if tok is not None else np.nan})
     wr = stats.win_rate(df["p_win"], seed=config.derive_seed(seed, "win-rate"))
     lc = stats.lc_win_rate(df["p_win"], df["words"], df["ref_words"])
     acc, lo, hi = stats.proportion_ci(int(df["correct"].sum()), len(df))
     return df, {"win_rate": wr["win_rate"], "win_rate_ci95": wr["ci95"], "lc_win_rate": lc["lc_win_rate"],
                 "lc_win_rate_ci95": lc["ci95"], "length_coef": lc["length_coef"], "accuracy": acc,
                 "accuracy_ci95": [lo, hi], "format_rate": float(df["format"].mean()),
-                "mean_words": float(df["words"].mean()), "n": len(df)}
+                "mean_words": float(df["words"].mean()), "mean_tokens": float(df["tokens"].mean()), "n": len(df)}
 
 
 def judge_accuracy(judge, problems, players: dict, seed: int = 0) -> dict:
@@ -90,67 +91,43 @@ def static_choice(names, ratings, rule: str = "middle", start: float = None) -> 
     return list(names)[int(pick)]
 
 
-def training_trend(rows, key: str) -> dict:
-    """Mean of a per-step column over the first and the second half of a run, and the change."""
-    v = np.array([r[key] for r in rows if key in r], float)
-    if len(v) < 2:
-        return {"first": float(v.mean()) if len(v) else float("nan"), "second": float("nan"), "change": float("nan")}
-    h = len(v) // 2
-    return {"first": float(v[:h].mean()), "second": float(v[h:].mean()), "change": float(v[h:].mean() - v[:h].mean())}
-
-
-def health(rows, summary: dict, base: dict, regime: str, min_length_ratio: float = 1 / 3) -> dict:
-    """The checks an arm passes before any comparison: its own training signal rises (the reward's second-half
-    mean above its first half for point and static; for Elo, whose opponents get stronger as it improves, its
-    rating ends above its start), its held-out accuracy is not below the base model's Wilson interval, and its
-    replies are not collapsed (mean words at least min_length_ratio of the base model's)."""
+def health(rows, table, base, regime: str, n_boot: int = 1000, seed: int = 0) -> dict:
+    """arms.health of one regime's arm. Its training signal: for point and static, the rise of its reward
+    (arms.reward_rise); for Elo, whose opponents get stronger as it improves, the rise of its rating from the start
+    to the end of the run. table, base: judge_heldout rows of the arm and of the base model (correct, tokens)."""
     if regime == "elo":
         rise = float(rows[-1]["rating"] - rows[0]["rating_before"]) if rows else float("nan")
-        signal = {"signal": "policy Elo", "change": rise}
+        signal = {"signal": "policy Elo", "change": rise, "ci95": None}
     else:
-        signal = {"signal": "training reward", **training_trend(rows, "reward_mean")}
-    checks = {"training signal rises": bool(signal["change"] > 0),
-              "accuracy not below base interval": bool(summary["accuracy"] >= base["accuracy_ci95"][0]),
-              "length not collapsed": bool(summary["mean_words"] >= min_length_ratio * base["mean_words"])}
-    return {"checks": checks, "signal": signal, "healthy": all(checks.values())}
+        signal = arms.reward_rise([r["reward_mean"] for r in rows], n_boot=n_boot, seed=seed)
+    return arms.health(signal, table["correct"], base["correct"], table["tokens"], base["tokens"],
+                       train_tokens=[r["completion_len"] for r in rows])
 
 
-def arm_record(name: str, rows, summary: dict, check: dict) -> dict:
-    """The metrics JSON record of one trained arm: steps, completions trained on, held-out n, accuracy with its
-    Wilson interval, health, and the share of groups with equal rewards (no GRPO gradient)."""
-    return {"arm": name, "steps": len(rows), "samples": int(sum(r["samples"] for r in rows)),
-            "n_eval": int(summary["n"]), "accuracy": float(summary["accuracy"]),
-            "interval": [float(x) for x in summary["accuracy_ci95"]], "healthy": bool(check["healthy"]),
-            "checks": check["checks"], "zero_gradient_share": float(np.mean([r["zero_std_frac"] for r in rows])),
-            "win_rate": float(summary["win_rate"]), "lc_win_rate": float(summary["lc_win_rate"]),
-            "mean_words": float(summary["mean_words"])}
-
-
-def difference(evals: dict, a: str, b: str, column: str = "p_win", seed: int = 0):
-    """(mean of a - mean of b, low, high) over the same held-out problems (stats.paired_bootstrap)."""
-    x, y = (np.asarray(evals[n][column], float) for n in (a, b))
-    return stats.paired_bootstrap(x, y, seed=config.derive_seed(seed, "paired", a, b, column))
+def arm_record(name: str, rows, table, summary: dict, check: dict) -> dict:
+    """arms.record of one trained arm (samples: completions trained on), then the share of groups with equal rewards
+    (no GRPO gradient), the win rates against the reference and the reply length in words."""
+    return arms.record(name, table["correct"], len(rows), sum(r["samples"] for r in rows), check,
+                       zero_gradient_share=float(np.mean([r["zero_std_frac"] for r in rows])),
+                       win_rate=float(summary["win_rate"]), lc_win_rate=float(summary["lc_win_rate"]),
+                       mean_words=float(summary["mean_words"]))
 
 
 def compare(evals: dict, records: dict, pairs, column: str = "p_win", seed: int = 0) -> dict:
-    """Paired differences for (a, b) pairs of arms, only where both arms are healthy; otherwise the reason."""
-    out = {}
-    for a, b in pairs:
-        sick = [n for n in (a, b) if not records[n]["healthy"]]
-        out[f"{a} - {b}"] = ({"failed": sick} if sick else {"difference": difference(evals, a, b, column, seed)})
-    return out
+    """arms.compare for (a, b) pairs of arms on the same held-out problems (the mean of `column`: p_win, the win
+    rate against the reference; correct, accuracy), each with its own bootstrap seed."""
+    return {f"{a} - {b}": arms.compare(a, b, evals, records, column, on="id",
+                                       seed=config.derive_seed(seed, "paired", a, b, column)) for a, b in pairs}
 
 
 def part_verdict(entry: dict) -> str:
     """The verdict of one compared pair (an entry of compare()): from its interval, or not tested when an arm failed."""
-    if "difference" in entry:
-        return verdicts.verdict(interval=entry["difference"][1:])
-    return verdicts.verdict(not_tested=f"{', '.join(entry['failed'])} failed the health checks")
+    return verdicts.verdict(**entry["basis"])
 
 
 def describe(comparisons: dict) -> str:
-    """'a - b +0.031 [-0.012, +0.075]; ...' for compare()'s entries (failed pairs named as such)."""
-    return "; ".join(f"{k} {fmt.diff(v['difference'])}" if "difference" in v else f"{k} not compared "
+    """'a - b +0.031 [-0.012, +0.075]; ...' for compare()'s entries (pairs with a failed arm named as such)."""
+    return "; ".join(f"{k} {fmt.diff((v['difference'], *v['ci95']))}" if not v["failed"] else f"{k} not compared "
                      f"({', '.join(v['failed'])} failed)" for k, v in comparisons.items())
 
 
@@ -256,8 +233,8 @@ def train_and_evaluate(model_name: str, judge, problems, heldout, reference, poo
            "shots": [s.question for s in shots], "judge": getattr(eval_judge, "name", "")}
 
     def make():
-        df, summary = judge_heldout(model, tok, eval_judge, heldout, reference, grpo_cfg.max_new_tokens,
-                                                cfg.seed, progress, shots=shots)
+        df, summary = judge_heldout(model, tok, eval_judge, heldout, reference, grpo_cfg.max_new_tokens, cfg.seed,
+                                    progress, shots=shots)
         return {"summary": summary, "rows": df.to_dict("records")}
 
     ev = cache("evolve_eval", key, make)

@@ -5,6 +5,9 @@ from typing import Optional
 from replication.core.params import MODEL, Params, notebook, p
 from replication.lm import tasks
 
+JUDGES = ("likelihood", "quality", "llm")  # Elo-Evolve's training judges (judging.make_judge)
+STATIC_RULES = ("middle", "strongest", "weakest", "nearest")  # how the static arm's opponent is fixed before training
+
 @notebook("01_noise_analysis")
 @dataclass
 class Noise(Params):
@@ -44,7 +47,7 @@ class EloDynamics(Params):
     lr: float = p(low=0.0, high=0.1)
     kl_beta: float = p(low=0.0, high=10.0)
     lora_r: int = p()
-    judge: str = p(choices=("likelihood", "quality", "llm"))
+    judge: str = p(choices=JUDGES)
     judge_model: Optional[str] = p()
     judge_shots: int = p(minimum=0)
     sigma_comp: float = p(low=1e-9, high=100.0)
@@ -52,7 +55,7 @@ class EloDynamics(Params):
     length_margin: int = p(minimum=0)
     elo_k: float = p(low=0.0, high=1e4)
     train_temperatures: list = p(each={"low": 1e-9, "high": 1e9})
-    static_rule: str = p(choices=("middle", "strongest", "weakest", "nearest"))
+    static_rule: str = p(choices=STATIC_RULES)
     opponents: dict = p()
 
     def check(self):

@@ -1,15 +1,12 @@
 """Multi-Agent Evolve at the workbook's scale: the solver on held-out questions (greedy, exact verifier), the judge
 scored against that verifier (with and without its `<score>` prefill), each trained arm's health check and record
-(the RLPR notebook's `rlpr_training.health` and `compare`, so every trained arm of the workbook passes the same
-checks), pool summaries and the paper's tables."""
+(replication.lm.arms, the one every trained arm of the workbook passes), pool summaries and the paper's tables."""
 import pandas as pd
 
 from replication.core import paper, stats
-from replication.lm import models, tasks
-from replication.papers.rlpr import rlpr_training
+from replication.lm import arms, models, tasks
 from . import mae, mae_scores
 
-RECORD_KEYS = ("arm", "steps", "samples", "n_eval", "accuracy", "interval", "healthy")
 
 
 def heldout_answers(model, tok, problems, shots=(), max_new_tokens: int = 32, batch_size: int = 16, seed: int = 0):
@@ -48,35 +45,23 @@ def judge_summary(judged: pd.DataFrame) -> dict:
 
 
 def arm_record(name: str, result: dict, table: pd.DataFrame, base: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> dict:
-    """One trained arm: {"arm", "steps" (iterations), "samples" (completions trained on, all roles), "n_eval",
-    "accuracy", "interval" (Wilson 95%), "healthy"}, then the health check (rlpr_training.health on the arm's own
-    training reward, the solver's, and its reply length), the solver's share of the samples, the answers with a
-    known answer, and the paired difference from the base model."""
+    """arms.record of one trained arm (steps: iterations; samples: completions trained on, all roles), its health from
+    arms.health on the solver's training reward and reply length, then the solver's share of the samples, the
+    answers with a known answer, and the paired difference from the base model."""
     rows = pd.DataFrame(result["rows"])
-    h = rlpr_training.health(rows.rename(columns={"solver_reward": "reward_mean", "solver_tokens": "completion_len"}),
-                             table, base, n_boot=n_boot, seed=seed)
-    p, lo, hi = stats.proportion_ci(int(table["correct"].sum()), len(table))
-    d = rlpr_training.heldout_difference(table, base, seed=seed, n_boot=n_boot)
-    return {"arm": name, "steps": len(rows), "samples": int(rows["samples"].sum()), "n_eval": len(table), "accuracy": p,
-            "interval": [lo, hi], "healthy": h["healthy"], "failed_checks": h["failed"],
-            **{k: h[k] for k in ("reward_first_third", "reward_last_third", "reward_rise", "train_length_ratio",
-                                 "heldout_length_ratio")},
-            "solver_samples": int(rows["solver_samples"].sum()), "known_answer_samples": int(rows["seed_answers"].sum()),
-            "heldout_format": float(table["format"].mean()), "heldout_tokens": float(table["tokens"].mean()),
-            "vs_base": {"difference": d[0], "ci95": [d[1], d[2]]}}
+    check = arms.health(arms.reward_rise(rows["solver_reward"], n_boot=n_boot, seed=seed), table["correct"],
+                        base["correct"], table["tokens"], base["tokens"], train_tokens=rows["solver_tokens"])
+    d = stats.paired_bootstrap(*arms.paired(table, base), n_boot=n_boot, seed=seed)
+    return arms.record(name, table["correct"], len(rows), int(rows["samples"].sum()), check,
+                       solver_samples=int(rows["solver_samples"].sum()), known_answer_samples=int(rows["seed_answers"].sum()),
+                       heldout_format=float(table["format"].mean()), heldout_tokens=float(table["tokens"].mean()),
+                       vs_base={"difference": d[0], "ci95": [d[1], d[2]]})
 
 
 def base_record(base: pd.DataFrame) -> dict:
-    """The untrained base solver in the arms' format (no steps, no samples; healthy by definition)."""
-    p, lo, hi = stats.proportion_ci(int(base["correct"].sum()), len(base))
-    return {"arm": "base", "steps": 0, "samples": 0, "n_eval": len(base), "accuracy": p, "interval": [lo, hi],
-            "healthy": True, "heldout_format": float(base["format"].mean()), "heldout_tokens": float(base["tokens"].mean())}
-
-
-def compare(a: str, b: str, tables: dict, records: dict, n_boot: int = 1000, seed: int = 0) -> dict:
-    """Held-out accuracy of arm a minus arm b, paired over questions, with run.claim's basis (rlpr_training.compare:
-    an interval when both arms are healthy, else not tested naming the failed checks)."""
-    return rlpr_training.compare(a, b, tables, records, n_boot=n_boot, seed=seed)
+    """The untrained base solver as an arm (no steps, no samples; healthy by definition)."""
+    return arms.record("base", base["correct"], heldout_format=float(base["format"].mean()),
+                       heldout_tokens=float(base["tokens"].mean()))
 
 
 def accuracy(frame: pd.DataFrame) -> dict:

@@ -4,7 +4,7 @@ arm's health check and record."""
 import numpy as np
 
 from replication.core import config, stats
-from replication.lm import tasks
+from replication.lm import arms, tasks
 from .malt import ROLES, majority_vote, run_chains
 
 def vote_accuracy(rows) -> tuple:
@@ -106,52 +106,36 @@ ARM_VARIANTS = {"base generator": ("base", None), "untrained G-V-R": ("untrained
                 "MALT (global pooling)": ("dpo", "dpo"), "MALT (local pooling)": ("dpo_local", "dpo")}
 
 
-def health(rows, base_rows, logs: dict, stage: str, min_length_ratio: float = 0.5) -> dict:
-    """Whether a trained MALT arm may enter a comparison (a failed arm is reported, not compared). Three checks:
-    - learned: the held-out check moved the arm: for at least one role, the stage's validation loss at the
-      epoch kept is below its value before the stage (dpo.train_sft / train_dpo keep epoch 0 when it is not);
-    - accuracy_ok: its single-chain held-out accuracy is not below the lower end of the base generator's
-      Wilson 95% interval;
-    - length_ok: its final replies are on average at least min_length_ratio x as long as the base generator's."""
+def health(rows, base_rows, logs: dict, stage: str, tok) -> dict:
+    """arms.health of a trained MALT arm. Its training signal: the fall of any role's validation loss below its value
+    before the stage, at the epoch kept (dpo.train_sft / train_dpo keep epoch 0 when it does not fall); its
+    single-chain held-out accuracy against the base generator's; its final replies' length in tokens."""
     config.check_choice("stage", stage, ("sft", "dpo"))
-    curves = {r: logs[r][stage][-1].get("val_curve") for r in ROLES if logs[r][stage]}
-    fell = {r: bool(c and min(c) < c[0]) for r, c in curves.items()}
-    hits, base_hits = per_question(rows), per_question(base_rows)
-    base_lo = stats.proportion_ci(int(base_hits.sum()), len(base_hits))[1]
-    chars = lambda rs: np.mean([len(r["g"] if r["r"] is None else r["r"]) for r in rs])
-    ratio = float(chars(rows) / max(chars(base_rows), 1e-9))
-    checks = {"learned": any(fell.values()), "accuracy_ok": bool(hits.mean() >= base_lo),
-              "length_ok": ratio >= min_length_ratio}
-    return {"validation_fell": fell, "base_accuracy_low": base_lo, "length_ratio": ratio, **checks,
-            "failed": [k for k, ok in checks.items() if not ok], "healthy": all(checks.values())}
+    curves = {r: logs[r][stage][-1].get("val_curve") or [] for r in ROLES if logs[r][stage]}
+    final = lambda rs: [r["g"] if r["r"] is None else r["r"] for r in rs]  # noqa: E731
+    return arms.health(arms.loss_fall(curves), per_question(rows), per_question(base_rows),
+                       arms.token_lengths(tok, final(rows)), arms.token_lengths(tok, final(base_rows)))
 
 
-def arm_records(rows: dict, trained: dict, sets: dict) -> list:
-    """One record per arm of ARM_VARIANTS: {"arm", "steps", "samples", "n_eval", "accuracy", "interval", "healthy"}
-    and the health check's numbers. trained: variant -> (logs of the arm's stages, its pooling); sets: pooling ->
-    (role -> SFT examples, role -> pairs). Steps are the optimizer steps of all roles and stages up to the arm's;
-    samples, the SFT examples and DPO pairs they trained on. The base generator and the untrained chain train nothing."""
+def arm_records(rows: dict, trained: dict, sets: dict, tok) -> list:
+    """arms.record of each arm of ARM_VARIANTS (single-chain held-out outcomes) with its health check.
+    trained: variant -> (logs of the arm's stages, its pooling); sets: pooling -> (role -> SFT examples, role ->
+    pairs). Steps are the optimizer steps of all roles and stages up to the arm's; samples, the SFT examples and
+    DPO pairs they trained on. The base generator and the untrained chain train nothing."""
     out = []
     for arm, (variant, stage) in ARM_VARIANTS.items():
-        hits = per_question(rows[variant])
-        p, lo, hi = stats.proportion_ci(int(hits.sum()), len(hits))
-        rec = {"arm": arm, "steps": 0, "samples": 0, "n_eval": len(hits), "accuracy": p, "interval": [lo, hi], "healthy": True}
-        if stage is not None:
-            logs, pooling = trained[variant]
-            stages = ("sft",) if stage == "sft" else ("sft", "dpo")
-            sft, pairs = sets[pooling]
-            h = health(rows[variant], rows["base"], logs, stage)
-            rec.update(steps=sum(len(logs[r][s]) for r in ROLES for s in stages),
-                       samples=sum(len(sft[r]) for r in ROLES) + (sum(len(pairs[r]) for r in ROLES) if stage == "dpo" else 0),
-                       healthy=h["healthy"], failed_checks=h["failed"], pooling=pooling,
-                       **{k: h[k] for k in ("validation_fell", "length_ratio")})
-        out.append(rec)
+        if stage is None:
+            out.append(arms.record(arm, per_question(rows[variant])))
+            continue
+        logs, pooling = trained[variant]
+        stages = ("sft",) if stage == "sft" else ("sft", "dpo")
+        sft, pairs = sets[pooling]
+        out.append(arms.record(arm, per_question(rows[variant]), sum(len(logs[r][s]) for r in ROLES for s in stages),
+                               sum(len(sft[r]) for r in ROLES) + (sum(len(pairs[r]) for r in ROLES) if stage == "dpo" else 0),
+                               health(rows[variant], rows["base"], logs, stage, tok), pooling=pooling))
     return out
 
 
-def comparison_basis(diff: dict, arms: list, records: list) -> dict:
-    """run.claim's basis for a difference between arms: interval= when every arm named is healthy, else not_tested
-    naming the failed arm(s) and their failed checks (a failed arm is reported, not compared)."""
-    by_name = {r["arm"]: r for r in records}
-    failed = [f"{a} ({', '.join(by_name[a].get('failed_checks', []))})" for a in arms if not by_name[a]["healthy"]]
-    return {"interval": diff["ci95"]} if not failed else {"not_tested": f"not compared: failed health check: {'; '.join(failed)}"}
+def comparison_basis(diff: dict, names: list, records: list) -> dict:
+    """run.claim's basis for a difference between arms (arms.basis: interval= when every arm named is healthy)."""
+    return arms.basis(diff["ci95"], {r["arm"]: r for r in records}, names)

@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from replication.core import config, stats
-from replication.lm import grpo, loop, models
+from replication.lm import arms, grpo, loop, models, tasks
 from . import answers
 from .rlpr import Reward
 
@@ -139,12 +139,12 @@ def train(trainer, pool, num_steps: int, batch_prompts: int, folder: loop.RunFol
 
 def answer_heldout(model, tok, questions, max_new_tokens: int = 48, batch_size: int = 16, seed: int = 0,
                    shots=()) -> pd.DataFrame:
-    """Greedy replies to the questions (prompted with the worked examples `shots`), scored by the lenient oracle,
-    the exact-match verifier and the format term, with the reply's length in tokens."""
-    gen = models.generate(model, tok, [q.chat(shots) for q in questions], max_new_tokens=max_new_tokens,
-                          temperature=0.0, seed=seed, batch_size=batch_size)
-    return pd.DataFrame([{"qid": q.id, "kind": q.kind, "style": q.style, "reply": t, **answers.score_reply(t, q),
-                          "tokens": len(ids)} for q, t, ids in zip(questions, gen.texts, gen.completion_ids)])
+    """Greedy replies to the questions (prompted with the worked examples `shots`) by the one held-out evaluation
+    (tasks.evaluate), scored by the lenient oracle, the exact-match verifier and the format term
+    (answers.score_reply), with the reply's length in tokens."""
+    return tasks.evaluate(model, tok, questions, max_new_tokens, batch_size, seed, prompts=[q.chat(shots) for q in questions],
+                          progress=False, score=answers.score_reply,
+                          columns=lambda q: {"qid": q.id, "kind": q.kind, "style": q.style})
 
 
 def run_variant(name: str, pool, heldout, cfg, steps: int, batch_prompts: int, run_folder=None, cache=None,
@@ -178,105 +178,41 @@ def run_variant(name: str, pool, heldout, cfg, steps: int, batch_prompts: int, r
     return pd.DataFrame(rows), table
 
 
-# ---- health of a trained arm -----------------------------------------------------------------------
+# ---- what the notebook reports: each variant as a trained arm (replication.lm.arms) ---------------------
 
-def thirds(n: int):
-    """Boolean masks of the first and the last third of n steps (at least one step each)."""
-    k = max(1, n // 3)
-    idx = np.arange(n)
-    return idx < k, idx >= n - k
+def health(rows: pd.DataFrame, table: pd.DataFrame, base: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> dict:
+    """arms.health of a variant: its training reward's rise (first to last third of the steps, bootstrap over
+    steps), its held-out accuracy against the base model's, its reply lengths (training and held-out, tokens)."""
+    return arms.health(arms.reward_rise(rows["reward_mean"], n_boot=n_boot, seed=seed), table["correct"], base["correct"],
+                       table["tokens"], base["tokens"], train_tokens=rows["completion_len"])
 
-
-def health(rows: pd.DataFrame, table: pd.DataFrame, base: pd.DataFrame, min_length_ratio: float = 0.5,
-           n_boot: int = 1000, seed: int = 0) -> dict:
-    """Whether a trained arm may enter a comparison; a failed arm is reported as failed and not compared.
-
-    Three checks, all must pass:
-    - reward_rose: the arm's own training reward (mean over every reply rolled out in a step) rose: the mean
-      over the last third of the steps minus the first third, with a 95% bootstrap interval over those steps
-      (stats.bootstrap), lies above 0;
-    - accuracy_ok: held-out accuracy is not below the lower end of the base model's Wilson 95% interval;
-    - length_ok: replies did not collapse: the mean reply length (tokens) of the last third of the training
-      steps is at least min_length_ratio x that of the first third, and the held-out replies' mean length at
-      least min_length_ratio x the base model's.
-    Returns the numbers behind each check, the three booleans, `failed` (the names of the failed checks) and
-    `healthy`."""
-    config.check_range("min_length_ratio", min_length_ratio, 0.0, 1.0)
-    first, last = thirds(len(rows))
-    keep = first | last
-    reward = rows["reward_mean"].to_numpy(float)
-    rise = stats.bootstrap(lambda r, late: r[late].mean() - r[~late].mean() if late.any() and (~late).any() else np.nan,
-                           reward[keep], last[keep], n_boot=n_boot, seed=seed)
-    base_lo = stats.proportion_ci(int(base["correct"].sum()), len(base))[1]
-    length = rows["completion_len"].to_numpy(float)
-    train_ratio = float(length[last].mean() / max(length[first].mean(), 1e-9))
-    heldout_ratio = float(table["tokens"].mean() / max(base["tokens"].mean(), 1e-9))
-    checks = {"reward_rose": bool(np.isfinite(rise[1]) and rise[1] > 0),
-              "accuracy_ok": bool(table["correct"].mean() >= base_lo),
-              "length_ok": bool(train_ratio >= min_length_ratio and heldout_ratio >= min_length_ratio)}
-    return {"reward_first_third": float(reward[first].mean()), "reward_last_third": float(reward[last].mean()),
-            "reward_rise": list(rise), "base_accuracy_low": base_lo, "train_length_ratio": train_ratio,
-            "heldout_length_ratio": heldout_ratio, **checks, "failed": [k for k, ok in checks.items() if not ok],
-            "healthy": all(checks.values())}
-
-
-# ---- what the notebook reports ---------------------------------------------------------------------
 
 def heldout_summary(table: pd.DataFrame) -> dict:
-    """Held-out accuracy (lenient oracle) with its Wilson 95% interval, verifier pass rate, format rate, reply length."""
-    p, lo, hi = stats.proportion_ci(int(table["correct"].sum()), len(table))
-    return {"heldout_accuracy": p, "heldout_accuracy_ci95": [lo, hi], "heldout_verifier_pass": float(table["verified"].mean()),
-            "heldout_format": float(table["format"].mean()), "heldout_tokens": float(table["tokens"].mean())}
-
-
-def heldout_difference(a: pd.DataFrame, b: pd.DataFrame, seed: int = 0, n_boot: int = 2000):
-    """(accuracy of a - accuracy of b, low, high) on the same held-out questions (paired by qid, stats.paired_bootstrap)."""
-    both = a[["qid", "correct"]].merge(b[["qid", "correct"]], on="qid", suffixes=("_a", "_b"))
-    if len(both) != len(a) or len(both) != len(b):
-        raise ValueError("the two held-out tables must answer the same questions")
-    return stats.paired_bootstrap(both["correct_a"], both["correct_b"], n_boot=n_boot, seed=seed)
+    """The held-out verifier pass rate, format rate and reply length (tokens) beside the accuracy."""
+    return {"heldout_verifier_pass": float(table["verified"].mean()), "heldout_format": float(table["format"].mean()),
+            "heldout_tokens": float(table["tokens"].mean())}
 
 
 def arm_record(name: str, rows: pd.DataFrame, table: pd.DataFrame, base: pd.DataFrame, group: int,
                n_boot: int = 1000, seed: int = 0) -> dict:
-    """One trained arm: {"arm", "steps", "samples" (completions trained on), "n_eval", "accuracy", "interval"
-    (Wilson 95%), "healthy"}, then the health check's numbers, the share of zero-gradient (zero reward std)
-    groups among those rolled out and among those updated on, rollouts made, wall time, grad-norm CV, the
+    """arms.record of one variant (samples: completions trained on), then the share of zero-gradient (zero reward
+    std) groups among those rolled out and among those updated on, rollouts made, wall time, grad-norm CV, the
     held-out verifier pass rate, format rate and reply length, and the paired difference from the base model."""
-    h = health(rows, table, base, n_boot=n_boot, seed=seed)
-    s = heldout_summary(table)
     g = rows["grad_norm"].dropna() if "grad_norm" in rows else pd.Series(dtype=float)
-    d = heldout_difference(table, base, seed=seed, n_boot=n_boot)
+    d = stats.paired_bootstrap(*arms.paired(table, base), n_boot=n_boot, seed=seed)
     zero = rows["zero_std_updated"].dropna() if "zero_std_updated" in rows else pd.Series(dtype=float)
-    return {"arm": name, "steps": len(rows), "samples": int(rows["prompts_updated"].sum()) * group, "n_eval": len(table),
-            "accuracy": s["heldout_accuracy"], "interval": s["heldout_accuracy_ci95"], "healthy": h["healthy"],
-            "failed_checks": h["failed"], **{k: h[k] for k in ("reward_first_third", "reward_last_third", "reward_rise",
-                                                              "train_length_ratio", "heldout_length_ratio")},
-            "zero_std_rolled": float(rows["zero_std_rolled"].mean()),
-            "zero_std_updated": float(zero.mean()) if len(zero) else None, "rollouts": int(rows["rollouts"].sum()),
-            "train_wall_s": float(rows["wall_s"].sum()),
-            "grad_norm_cv": float(g.std() / g.mean()) if len(g) > 1 and g.mean() > 0 else None,
-            **{k: s[k] for k in ("heldout_verifier_pass", "heldout_format", "heldout_tokens")},
-            "vs_base": {"difference": d[0], "ci95": [d[1], d[2]]}}
+    return arms.record(name, table["correct"], len(rows), int(rows["prompts_updated"].sum()) * group,
+                       health(rows, table, base, n_boot, seed),
+                       zero_std_rolled=float(rows["zero_std_rolled"].mean()),
+                       zero_std_updated=float(zero.mean()) if len(zero) else None, rollouts=int(rows["rollouts"].sum()),
+                       train_wall_s=float(rows["wall_s"].sum()),
+                       grad_norm_cv=float(g.std() / g.mean()) if len(g) > 1 and g.mean() > 0 else None,
+                       **heldout_summary(table), vs_base={"difference": d[0], "ci95": [d[1], d[2]]})
 
 
 def base_record(base: pd.DataFrame) -> dict:
-    """The untrained base model in the arms' format (no steps, no samples; healthy by definition)."""
-    s = heldout_summary(base)
-    return {"arm": "base", "steps": 0, "samples": 0, "n_eval": len(base), "accuracy": s["heldout_accuracy"],
-            "interval": s["heldout_accuracy_ci95"], "healthy": True,
-            **{k: s[k] for k in ("heldout_verifier_pass", "heldout_format", "heldout_tokens")}}
-
-
-def compare(a: str, b: str, tables: dict, records: dict, n_boot: int = 1000, seed: int = 0) -> dict:
-    """Held-out accuracy of arm a minus arm b (paired bootstrap over questions) and run.claim's basis for it:
-    interval= when both arms are healthy, else not_tested naming the failed arm(s) and their failed checks.
-    tables: arm -> held-out table (the base under "base"); records: arm -> arm_record / base_record."""
-    d = heldout_difference(tables[a], tables[b], seed=seed, n_boot=n_boot)
-    failed = [f"{x} ({', '.join(records[x].get('failed_checks', []))})" for x in (a, b) if not records[x]["healthy"]]
-    basis = ({"interval": (d[1], d[2])} if not failed else
-             {"not_tested": f"not compared: failed health check: {'; '.join(failed)}"})
-    return {"pair": f"{a} - {b}", "difference": d[0], "ci95": [d[1], d[2]], "basis": basis}
+    """The untrained base model as an arm (no steps, no samples; healthy by definition)."""
+    return arms.record("base", base["correct"], **heldout_summary(base))
 
 
 def filter_summary(filtered: dict, beta: float, warmup) -> dict:

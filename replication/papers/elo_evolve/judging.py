@@ -1,0 +1,193 @@
+"""Elo-Evolve's judges and the win/loss reward with the length rule, and the one factory that makes the training
+judge for notebook 02 and the `train` command (`make_judge`).
+
+Judges (notebook 02 says which it uses and why):
+- LikelihoodJudge (default): the base model's log-likelihood of each reply's final answer,
+  s = log p("The answer is N." | k worked examples + the question), N read from the reply (tasks.extract_answer).
+  It never sees the true answer. A comparison: the higher s wins, the same answer is a tie (0.5); an absolute
+  score (point-based reward) is exp(s). Only the stated answer counts, so neither format nor wording can win.
+- QualityJudge: the exact verifier as quality (q = correct, 0/1) with Thurstone comparison noise,
+  P(a wins) = Phi((q_a - q_b) / sigma_comp), and absolute scores q + N(0, sigma_abs^2).
+- LLMJudge: the prompted judge of notebook 01 (for larger models; the 135M model always answers "A").
+"""
+import re
+
+import numpy as np
+from scipy import stats as sps
+
+from replication.core import config
+from replication.lm import judges, models, tasks, training
+from .params import JUDGES
+
+
+def words(text: str) -> int:
+    """Whitespace-separated words, as the length rule counts them."""
+    return len((text or "").split())
+
+
+def identical(a, b) -> np.ndarray:
+    """True where two responses are the same text (a tie)."""
+    return np.array([x.strip() == y.strip() for x, y in zip(a, b)], bool)
+
+
+def correct(response: str, answer) -> float:
+    """1.0 when the reply's answer is right (exact verifier), else 0.0: the quality judge's q."""
+    return float(tasks.verify(response, answer))
+
+
+class QualityJudge:
+    """Correctness with Thurstone comparison noise and noisy absolute scores (a stand-in with a known truth)."""
+
+    name = "quality"
+
+    def __init__(self, sigma_comp: float = 1.0, sigma_abs: float = 3.21):
+        for n, v in (("sigma_comp", sigma_comp), ("sigma_abs", sigma_abs)):
+            if not isinstance(v, (int, float)) or v <= 0:
+                raise ValueError(f"{n}={v!r} is not allowed; a judge's noise must be > 0")
+        self.sigma_comp, self.sigma_abs = float(sigma_comp), float(sigma_abs)
+
+    def p_win(self, questions, answers, a, b) -> np.ndarray:
+        """P(a beats b) per item; identical responses are a tie (0.5)."""
+        qa = np.array([correct(x, ans) for x, ans in zip(a, answers)])
+        qb = np.array([correct(x, ans) for x, ans in zip(b, answers)])
+        return np.where(identical(a, b), 0.5, sps.norm.cdf((qa - qb) / self.sigma_comp))
+
+    def scores(self, questions, answers, responses, rng) -> np.ndarray:
+        """One noisy absolute score per response."""
+        q = np.array([correct(x, ans) for x, ans in zip(responses, answers)])
+        return q + rng.normal(0.0, self.sigma_abs, size=len(q))
+
+
+def canonical(reply: str):
+    """The reply with its answer statement rewritten to one form: the text before its last "answer is N" phrase
+    (or all of it) followed by "The answer is N." with N its final answer (tasks.extract_answer); None if it
+    states no number. Two replies that differ only in how they state the answer become the same text."""
+    n = tasks.extract_answer(reply)
+    if n is None:
+        return None
+    cut = [m.start() for m in tasks._PHRASE.finditer(reply)]
+    body = reply[:cut[-1]] if cut else reply
+    body = re.sub(r"(?:\b(?:the|final|my)\s*)+$", "", body.rstrip(" (\n:*-"), flags=re.IGNORECASE).rstrip(" (\n:*-")
+    return (body + " " if body else "") + f"The answer is {n}."
+
+
+class LikelihoodJudge:
+    """The model as a judge by likelihood: s(reply) = mean log-probability per token of canonical(reply) after
+    `shots` worked examples and the question, under the judge model; -inf when the reply states no number. The
+    likelier reply wins. Reference-free, deterministic and blind to how the answer is stated; each (question,
+    canonical reply) is scored once (memo), a question's replies in one pass over its prompt."""
+
+    name = "likelihood"
+
+    def __init__(self, model, tok, shots=(), batch_size: int = 16):
+        self.model, self.tok, self.shots, self.batch_size = model, tok, list(shots), batch_size
+        self.memo = {}
+
+    def prompt(self, question: str):
+        turns = []
+        for s in self.shots:
+            turns += [{"role": "user", "content": s.prompt()}, {"role": "assistant", "content": s.solution}]
+        return turns + [{"role": "user", "content": f"{question}\n{tasks.INSTRUCTION}"}]
+
+    def _prefix(self):
+        """The worked examples' tokens and their keys and values, computed once and shared by every question."""
+        import torch
+
+        if not hasattr(self, "_pre"):
+            self._pre = None
+            if self.shots:
+                text = self.tok.apply_chat_template(self.prompt("")[:-1], tokenize=False)
+                ids = self.tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"].to(models.device_of(self.model))
+                with torch.no_grad():
+                    self._pre = (ids[0], self.model(input_ids=ids, use_cache=True).past_key_values)
+        return self._pre
+
+    def _mean_logps(self, question: str, texts) -> list:
+        """Mean log-probability per token of each text (+ EOS) as the reply to the question: the shared prefix's
+        cache, then the question once, then the replies (training.grouped_logps does the same without the prefix)."""
+        import copy
+
+        import torch
+
+        p_ids, p_mask, c_ids, c_mask = training.encode_pairs(self.tok, [self.prompt(question)] * len(texts), texts,
+                                                             device=models.device_of(self.model))
+        pre, n, T = self._prefix(), len(texts), c_ids.shape[1]
+        L = 0 if pre is None else len(pre[0])
+        with torch.no_grad():
+            if pre is None or T < 2 or not torch.equal(p_ids[0, :L], pre[0]):
+                lp = training.grouped_logps(self.model, p_ids, p_mask, c_ids, c_mask, n)
+            else:
+                P = p_ids.shape[1]
+                out = self.model(input_ids=p_ids[:1, L:], past_key_values=copy.deepcopy(pre[1]), use_cache=True,
+                                 position_ids=torch.arange(L, P, device=p_ids.device)[None], logits_to_keep=1)
+                cache = out.past_key_values
+                cache.batch_repeat_interleave(n)
+                rest = self.model(input_ids=c_ids[:, :-1], attention_mask=torch.cat([p_mask, c_mask[:, :-1]], 1),
+                                  position_ids=P + torch.arange(T - 1, device=p_ids.device)[None].expand(n, -1),
+                                  past_key_values=cache,
+                                  use_cache=True).logits
+                lp = training.token_logps(torch.cat([out.logits[:, -1:].expand(n, -1, -1), rest], 1), c_ids)
+        return ((lp * c_mask).sum(1) / c_mask.sum(1)).tolist()
+
+    def judge_scores(self, questions, responses) -> np.ndarray:
+        texts = [canonical(r) for r in responses]
+        todo = {}
+        for q, t in zip(questions, texts):
+            if t is not None and (q, t) not in self.memo:
+                todo.setdefault(q, {})[t] = None
+        for q, ts in todo.items():
+            ts = list(ts)
+            for i in range(0, len(ts), self.batch_size):
+                self.memo.update({(q, t): v for t, v in zip(ts[i:i + self.batch_size], self._mean_logps(q, ts[i:i + self.batch_size]))})
+        return np.array([-np.inf if t is None else self.memo[(q, t)] for q, t in zip(questions, texts)])
+
+    def p_win(self, questions, answers, a, b) -> np.ndarray:
+        """1 where a is the likelier reply, 0 where b is, 0.5 for equal scores (or neither stating a number)."""
+        sa, sb = self.judge_scores(questions, a), self.judge_scores(questions, b)
+        return np.where(sa == sb, 0.5, (sa > sb).astype(float))
+
+    def scores(self, questions, answers, responses, rng=None) -> np.ndarray:
+        """The point-based reward: the judge's mean log-probability per token of the reply (-10 for no number)."""
+        return np.maximum(self.judge_scores(questions, responses), -10.0)
+
+
+class LLMJudge:
+    """A prompted LLM judge read from its next-token distribution, in both orders (notebook 01's judge)."""
+
+    name = "llm"
+
+    def __init__(self, model, tok, batch_size: int = 16):
+        self.model, self.tok, self.batch_size = model, tok, batch_size
+
+    def p_win(self, questions, answers, a, b) -> np.ndarray:
+        p = judges.pairwise(self.model, self.tok, questions, a, b, k=1, batch_size=self.batch_size)["p_better"]
+        return np.where(identical(a, b), 0.5, p.to_numpy())
+
+    def scores(self, questions, answers, responses, rng) -> np.ndarray:
+        probs, _ = judges.absolute(self.model, self.tok, questions, responses, k=1, batch_size=self.batch_size)
+        return np.array([rng.choice(5, p=p / p.sum()) + 1 for p in probs], float)
+
+
+def outcomes(judge, questions, answers, policy, opponent, rng, length_margin: int = 60) -> np.ndarray:
+    """Win (1) / loss (0) / tie (0.5) of each policy response against the opponent's, drawn from the judge;
+    0 when the policy response is longer than the opponent's by more than length_margin words."""
+    config.check_int("length_margin", length_margin, minimum=0)
+    p = judge.p_win(questions, answers, policy, opponent)
+    s = np.where(p == 0.5, 0.5, (rng.random(len(p)) < p).astype(float))
+    too_long = np.array([words(x) - words(y) > length_margin for x, y in zip(policy, opponent)], bool)
+    return np.where(too_long, 0.0, s)
+
+
+def make_judge(kind: str, base, level: str, judge_shots: int = 0, seed: int = 0, judge_model: str = None,
+               sigma_comp: float = 1.0, sigma_abs: float = 3.21):
+    """The training judge of Elo-Evolve, for notebook 02 and the `train` command alike. base: (model, tokenizer) of
+    the policy's base model (kept frozen: give a copy when the policy trains in place), which judges unless
+    judge_model names another model. The likelihood judge reads `judge_shots` worked examples of `level`, drawn with
+    the seed config.derive_seed(seed, "judge"); the quality judge is the noisy stand-in (sigma_comp, sigma_abs)."""
+    config.check_choice("judge", kind, JUDGES)
+    if kind == "quality":
+        return QualityJudge(sigma_comp, sigma_abs)
+    model, tok = base if judge_model is None else models.load_model(judge_model)
+    if kind == "likelihood":
+        return LikelihoodJudge(model, tok, shots=tasks.worked_examples(level, judge_shots, seed=config.derive_seed(seed, "judge")))
+    return LLMJudge(model, tok)
