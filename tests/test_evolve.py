@@ -321,7 +321,7 @@ def run_regime(tmp_path, regime, steps=3, opponent=None, folder=None, temperatur
     judge = RecordingJudge()
     cfg = evolve.EvolveConfig(regime=regime, opponent=opponent, steps=steps, prompts_per_step=3,
                               temperature=temperature, seed=1)
-    gcfg = grpo.GRPOConfig(num_generations=2, max_new_tokens=4, lr=1e-2, beta=0.0, save_every=1)
+    gcfg = grpo.GRPOConfig(num_generations=2, max_new_tokens=4, lr=1e-2, kl_beta=0.0, save_every=1)
     rows = evolve.train(model, tok, judge, problems, pool, [1300.0, 1500.0, 1700.0], cfg, gcfg, folder, progress=False)
     return rows, judge, pool, problems, model
 

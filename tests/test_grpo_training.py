@@ -16,7 +16,7 @@ def letter_reward(prompts, completions, metadata, **log):
 def make_trainer(seed=0, **overrides):
     model, tok = models.tiny_model(seed=0)
     model = models.add_lora(model, r=8, alpha=16)
-    settings = {"num_generations": 8, "max_new_tokens": 8, "lr": 2e-2, "beta": 0.0, "save_every": 3, **overrides}
+    settings = {"num_generations": 8, "max_new_tokens": 8, "lr": 2e-2, "kl_beta": 0.0, "save_every": 3, **overrides}
     cfg = grpo.GRPOConfig(seed=seed, **settings)
     return grpo.GRPOTrainer(model, tok, letter_reward, cfg)
 
@@ -35,7 +35,7 @@ def test_mean_reward_rises():
 
 
 def test_reinforce_pp_and_kl_and_iterations_run():
-    trainer = make_trainer(advantage="reinforce++", beta=0.04, num_iterations=2, grad_accum_steps=2,
+    trainer = make_trainer(advantage="reinforce++", kl_beta=0.04, num_iterations=2, grad_accum_steps=2,
                            loss_type="bnpo")
     rows = trainer.train(sampler, 2, progress=False)
     assert rows[-1]["kl"] >= 0 and rows[-1]["clip_frac"] >= 0
@@ -72,7 +72,7 @@ def assert_grouped_matches_plain(model, p_ids, p_mask, c_ids, c_mask, group_size
     def loss_and_grad(fn):
         model.zero_grad()
         logps = fn(model, p_ids, p_mask, c_ids, c_mask)
-        loss, _ = grpo.grpo_loss(logps, logps.detach(), logps.detach() - 0.1, adv, c_mask, beta=0.04)
+        loss, _ = grpo.grpo_loss(logps, logps.detach(), logps.detach() - 0.1, adv, c_mask, kl_beta=0.04)
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in training.trainable(model).items()}
 
@@ -110,7 +110,7 @@ def test_common_prefix_ignores_left_padding():
 
 @pytest.mark.parametrize("overrides, message", [
     ({"num_generations": 1}, "num_generations=1"),
-    ({"beta": -0.1}, "beta=-0.1"),
+    ({"kl_beta": -0.1}, "kl_beta=-0.1"),
     ({"epsilon_low": 0.0}, "epsilon_low=0.0"),
     ({"epsilon_high": 1.5}, "epsilon_high=1.5"),
     ({"loss_type": "ppo"}, "loss_type='ppo'"),
@@ -145,8 +145,8 @@ def test_sft_and_dpo_move_named_adapters():
     pairs = [("q", "abc", "xyz"), ("p", "abd", "zzz")] * 4
     rows = dpo.train_dpo(model, tok, pairs, cfg, adapter_name="verifier", progress=False)
     assert rows[-1]["loss"] < rows[0]["loss"] and rows[-1]["accuracy"] == 1.0
-    with pytest.raises(ValueError, match="beta=0"):
-        dpo.PreferenceConfig(beta=0).validate()
+    with pytest.raises(ValueError, match="dpo_beta=0"):
+        dpo.PreferenceConfig(dpo_beta=0).validate()
 
 
 def test_dpo_reference_choice_is_checked():
@@ -239,7 +239,7 @@ def test_length_buckets_give_the_plain_loss_and_gradient():
     def loss_and_grad(buckets):
         model.zero_grad()
         logps = training.grouped_logps(model, p_ids, p_mask, c_ids, c_mask, 4, 0.7, buckets=buckets)
-        loss, _ = grpo.grpo_loss(logps, logps.detach(), logps.detach() - 0.1, adv, c_mask, beta=0.04)
+        loss, _ = grpo.grpo_loss(logps, logps.detach(), logps.detach() - 0.1, adv, c_mask, kl_beta=0.04)
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in training.trainable(model).items()}, logps.detach()
 

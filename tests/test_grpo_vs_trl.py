@@ -125,7 +125,7 @@ def test_dpo_loss_matches_trl_sigmoid():
     chosen, rejected, rc, rr = (-torch.rand(5, generator=g).double() * 20 for _ in range(4))
     want, want_grad = _trl_dpo_loss(chosen, rejected, rc, rr, beta=0.1)
     c, r = chosen.clone().requires_grad_(True), rejected.clone().requires_grad_(True)
-    got, _ = dpo.dpo_loss(c, r, rc, rr, beta=0.1)
+    got, _ = dpo.dpo_loss(c, r, rc, rr, dpo_beta=0.1)
     got.backward()
     assert torch.allclose(got.detach(), want, atol=1e-6)
     assert torch.allclose(torch.cat([c.grad, r.grad]), want_grad, atol=1e-6)

@@ -184,11 +184,11 @@ PAIRS = [("say a", "aaaa", "zzzz"), ("say b", "abab", "zyzy"), ("go", "aaba", "z
 
 def test_dpo_with_sft_reference_starts_at_log2_and_learns():
     model, tok = _tiny_roles()
-    cfg = dpo.PreferenceConfig(lr=5e-3, epochs=1, batch_size=4, beta=0.5, seed=0)
+    cfg = dpo.PreferenceConfig(lr=5e-3, epochs=1, batch_size=4, dpo_beta=0.5, seed=0)
     dpo.train_sft(model, tok, [(p, c) for p, c, _ in PAIRS], cfg, adapter_name="refiner", progress=False)
     sft_state = malt.adapter_state(model, "refiner")
     rows = malt.train_dpo_sft_reference(model, tok, PAIRS * 4, dpo.PreferenceConfig(
-        lr=5e-3, epochs=3, batch_size=4, beta=0.5, seed=0), "refiner")
+        lr=5e-3, epochs=3, batch_size=4, dpo_beta=0.5, seed=0), "refiner")
     # reference = the SFT adapter itself, so the first margin is 0 and the loss is log 2 exactly
     assert rows[0]["margin"] == pytest.approx(0.0, abs=1e-4)
     assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-5)
@@ -202,7 +202,7 @@ def test_dpo_with_sft_reference_starts_at_log2_and_learns():
 def test_train_role_touches_only_its_adapter():
     model, tok = _tiny_roles()
     before = {r: malt.adapter_state(model, r) for r in malt.ROLES}
-    cfg = dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, beta=0.1, seed=0)
+    cfg = dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, dpo_beta=0.1, seed=0)
     logs = malt.train_role(model, tok, "verifier", [(p, c) for p, c, _ in PAIRS], PAIRS, cfg, cfg)
     assert len(logs["sft"]) == 2 and len(logs["dpo"]) == 2
     after = {r: malt.adapter_state(model, r) for r in malt.ROLES}
@@ -347,7 +347,7 @@ def test_variant_chains_go_through_the_given_cache(tmp_path):
 
 def test_trained_stage_survives_the_cache(tmp_path):
     model, tok = _tiny_roles()
-    cfg = dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, beta=0.1, seed=0)
+    cfg = dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, dpo_beta=0.1, seed=0)
     sets = {r: [(p, c) for p, c, _ in PAIRS] for r in malt.ROLES}
     pairs = {r: PAIRS for r in malt.ROLES}
 
@@ -433,7 +433,7 @@ def test_held_out_check_keeps_the_best_epoch():
 
 def test_dpo_held_out_check_starts_at_log2_against_the_sft_reference():
     model, tok = _tiny_roles()
-    cfg = dpo.PreferenceConfig(lr=5e-3, epochs=2, batch_size=4, beta=0.5, seed=0)
+    cfg = dpo.PreferenceConfig(lr=5e-3, epochs=2, batch_size=4, dpo_beta=0.5, seed=0)
     rows = dpo.train_dpo(model, tok, PAIRS, cfg, "verifier", progress=False, reference="initial", validation=PAIRS)
     curve = rows[-1]["val_curve"]
     assert curve[0] == pytest.approx(math.log(2), abs=1e-5) and min(curve) < curve[0] and rows[-1]["best_epoch"] > 0
@@ -530,7 +530,7 @@ def test_an_arm_takes_the_roles_it_shares_with_another_arm_and_trains_the_rest(t
     """train_arm(reuse=...): the roles whose data equal the first arm's are taken from it (not trained again) and
     hold exactly what training them would give; the role whose data differ is trained (same_data_roles)."""
     model, tok = _tiny_roles()
-    cfg = dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, beta=0.1, seed=0)
+    cfg = dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, dpo_beta=0.1, seed=0)
     init = {r: malt.adapter_state(model, r) for r in malt.ROLES}
     sets_a = ({r: [(p, c) for p, c, _ in PAIRS] for r in malt.ROLES}, {r: PAIRS for r in malt.ROLES})
     sets_b = ({**sets_a[0], "generator": [(p, r) for p, _, r in PAIRS]}, {**sets_a[1], "generator": PAIRS[::-1]})

@@ -27,7 +27,7 @@ def _loss_and_grad(model, batch, adv, low=None, beta=0.04):
         with torch.no_grad(), model.disable_adapter():
             ref = training.grouped_logps(model, p_ids, p_mask, c_ids, c_mask, group_size=4, temperature=0.7)
         logps = training.grouped_logps(model, p_ids, p_mask, c_ids, c_mask, group_size=4, temperature=0.7)
-        loss, _ = grpo.grpo_loss(logps, logps.detach(), ref, adv, c_mask, beta=beta)
+        loss, _ = grpo.grpo_loss(logps, logps.detach(), ref, adv, c_mask, kl_beta=beta)
         loss.backward()
     grads = {n: p.grad for n, p in training.trainable(model).items()}
     assert all(g.dtype == torch.float32 for g in grads.values())
@@ -124,7 +124,7 @@ def test_low_precision_copy_follows_in_place_edits_of_the_base():
 def test_bf16_update_trainer_learns_and_saves_fp32_lora(tmp_path):
     model, tok = models.tiny_model(seed=0)
     model = models.add_lora(model, r=8, alpha=16)
-    cfg = grpo.GRPOConfig(num_generations=8, max_new_tokens=8, lr=2e-2, beta=0.04, num_iterations=2, seed=0,
+    cfg = grpo.GRPOConfig(num_generations=8, max_new_tokens=8, lr=2e-2, kl_beta=0.04, num_iterations=2, seed=0,
                           update_dtype="bfloat16", rollout_dtype="bfloat16", save_every=5)
     letters = set("abcdefghijklmnopqrstuvwxyz")
     reward = lambda prompts, completions, metadata, **log: [  # noqa: E731

@@ -184,7 +184,7 @@ def test_reward_side_data_reach_the_rollout_record():
     model, tok = models.tiny_model(seed=0)
     model = models.add_lora(model, r=4, alpha=8)
     reward = rlpr.Reward(model, tok, baseline={"q": [0.2]})
-    trainer = grpo.GRPOTrainer(model, tok, reward, grpo.GRPOConfig(num_generations=2, max_new_tokens=4, beta=0.0))
+    trainer = grpo.GRPOTrainer(model, tok, reward, grpo.GRPOConfig(num_generations=2, max_new_tokens=4, kl_beta=0.0))
     meta = {"id": "q", "reference": "7", "aliases": ["7"], "value": 7.0}
     batch = trainer.rollout(["a", "b"], [meta, meta])
     assert set(batch.extras) == {"r", "core", "format", "correct"} and all(len(v) == 4 for v in batch.extras.values())
@@ -280,7 +280,7 @@ def test_debiasing_effect_and_per_question_table():
 # ---- the std filter ----
 
 def test_std_filter_against_a_hand_worked_sequence():
-    f = rlpr_training.StdFilter(beta=0.5, ratio=0.99, warmup_start=1, warmup_end=3)
+    f = rlpr_training.StdFilter(factor=0.5, ratio=0.99, warmup_start=1, warmup_end=3)
     assert f.threshold is None and f.keep([0.0, 0.1]).all()
     f.observe(0, 9.0)                      # before the window: ignored
     f.observe(1, 0.2)
@@ -343,13 +343,13 @@ def letter_reward(prompts, completions, metadata, log_metric=None, log_extra=Non
 def make_trainer():
     model, tok = models.tiny_model(seed=0)
     model = models.add_lora(model, r=4, alpha=8)
-    cfg = grpo.GRPOConfig(num_generations=4, max_new_tokens=6, lr=1e-2, beta=0.0, save_every=2, seed=0)
+    cfg = grpo.GRPOConfig(num_generations=4, max_new_tokens=6, lr=1e-2, kl_beta=0.0, save_every=2, seed=0)
     return grpo.GRPOTrainer(model, tok, letter_reward, cfg)
 
 
 def test_filtered_loop_filters_refills_and_resumes(tmp_path):
     pool = answers.make_questions(12, 0, seed=0)["train"]
-    filt = lambda: rlpr_training.StdFilter(beta=3.0, warmup_start=0, warmup_end=1)  # noqa: E731  (strict: filters a lot)
+    filt = lambda: rlpr_training.StdFilter(factor=3.0, warmup_start=0, warmup_end=1)  # noqa: E731  (strict: filters a lot)
     straight = make_trainer()
     rows = rlpr_training.train(straight, pool, 4, 2, loop.RunFolder(tmp_path / "a"), filt(), max_rollouts=2, progress=False)
     assert rows[0]["threshold"] is None and rows[0]["fraction_filtered"] == 0.0
@@ -442,6 +442,6 @@ def test_health_check_and_arm_records():
 
 def test_filter_summary():
     rows = step_rows([0.1, 0.2])
-    filt = rlpr_training.filter_summary({"rlpr": rows}, beta=0.5, warmup=(0, 1))
+    filt = rlpr_training.filter_summary({"rlpr": rows}, std_filter_factor=0.5, warmup=(0, 1))
     assert filt["final_threshold"] == pytest.approx(0.2) and filt["fraction_filtered"] == 0.5
     assert filt["threshold_by_step"] == [None, 0.2] and rlpr_training.filter_summary({}, 0.5, (0, 1))["fraction_filtered"] is None

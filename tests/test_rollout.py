@@ -73,7 +73,7 @@ def length_reward(prompts, completions, metadata, log_metric=None, log_extra=Non
 def make_trainer(G=2):
     model, tok = models.tiny_model(seed=0)
     model = models.add_lora(model, r=4, alpha=8)
-    cfg = grpo.GRPOConfig(num_generations=G, max_new_tokens=5, lr=1e-2, beta=0.04, seed=0)
+    cfg = grpo.GRPOConfig(num_generations=G, max_new_tokens=5, lr=1e-2, kl_beta=0.04, seed=0)
     return grpo.GRPOTrainer(model, tok, length_reward, cfg)
 
 

@@ -266,7 +266,8 @@ def test_one_off_overrides_go_to_a_run_folder_of_their_own(book, runs, tmp_path,
 
 PROFILED = '''
 from dataclasses import dataclass
-from replication import params, workbook
+from replication import workbook
+from replication.core import params
 
 @params.notebook("03_third")
 @dataclass

@@ -146,7 +146,7 @@ def test_rlpr_rewards_filter_advantages_and_loss_match_the_workbook(drop, tmp_pa
     model, tok = models.tiny_model(seed=SEED)
     qs, table, ds = rlpr_setup(model, tok)
     reward = rlpr.Reward(None, tok, "probability", baseline=table, format_weight=0.1)
-    filt = rlpr_training.StdFilter(beta=0.5, ratio=0.99, warmup_start=0, warmup_end=1)
+    filt = rlpr_training.StdFilter(factor=0.5, ratio=0.99, warmup_start=0, warmup_end=1)
     trainer, _ = trainer_for(trl_grpo.RLPRReward(reward), ds, tmp_path, loss_type="bnpo", cls=trl_grpo.RLPRTrainer, std_filter=filt)
     # the tiny random model never states an answer (reward 0): its decoded replies end with one, in both paths
     decode = trainer.processing_class.batch_decode

@@ -163,7 +163,7 @@ def test_modules_are_short(path):
 # ---- notebooks orchestrate and explain ----------------------------------------------------------------
 
 NOTEBOOKS = sorted(config.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?=x?(?![\w.]))")  # "4.5x" too
 
 
 def distinctive(value: str):
@@ -177,7 +177,8 @@ def distinctive(value: str):
     return f"{x:.10g}" if len(digits) >= 3 else None
 
 
-def paper_numbers() -> dict:
+def paper_values() -> dict:
+    """Every number of data/paper/*.csv (but the source column) -> where it is held."""
     out = {}
     for csv in sorted((config.ROOT / "data" / "paper").glob("*.csv")):
         frame = pd.read_csv(csv, dtype=str)
@@ -186,29 +187,67 @@ def paper_numbers() -> dict:
                 continue
             for cell in frame[col].dropna():
                 for part in str(cell).split("|"):
-                    key = distinctive(part.strip())
-                    if key:
-                        out[key] = f"{csv.name}:{col}"
+                    try:
+                        out.setdefault(float(part.strip()), f"{csv.name}:{col}")
+                    except ValueError:
+                        pass
     return out
 
 
-def typed_numbers(nb) -> dict:
-    """Numbers typed in code cells (but the parameters cell: settings) and in markdown, normalised."""
-    out = {}
+def significant(raw: str) -> int:
+    return len(re.sub(r"[^0-9]", "", raw.lstrip("-")).lstrip("0").rstrip("0") if "." not in raw
+               else re.sub(r"[^0-9]", "", raw.lstrip("-")).lstrip("0"))
+
+
+def paper_hits(lines, held: dict, code: bool = False) -> dict:
+    """Paper numbers typed on these lines, at any precision. A typed number is the paper's when
+    - it equals a distinctive paper number (three or more significant digits), or, typed with two or more
+      significant digits as a ratio ("4.5x") or on a line that names the paper, a distinctive paper number rounds
+      to it at the precision typed (4.5 for the paper's 4.54: "4.5x less noise"); or
+    - (code lines) its line's comment says "paper" and the number, in the code, equals a paper number however round
+      (`kl_beta = 0.001  # the paper KL coefficient`)."""
+    hits = {}
+    for line in lines:
+        says_paper = code and "#" in line and "paper" in line.split("#", 1)[1].lower()
+        for m in _NUMBER.finditer(line.split("#", 1)[0] if says_paper else line):
+            raw = m.group()
+            x = float(raw)
+            decimals = len(raw.split(".")[1]) if "." in raw else 0
+            rounded_ok = significant(raw) >= 2 and (line[m.end():m.end() + 1] == "x" or "paper" in line.lower())
+            for v, where in held.items():
+                if says_paper and x == v:
+                    hits[raw] = where
+                elif distinctive(f"{v:.10g}") and (x == v or rounded_ok and decimals and round(v, decimals) == x
+                                                   and significant(f"{v:.10g}") > significant(raw)):
+                    hits[raw] = where
+    return hits
+
+
+def notebook_hits(nb, held: dict) -> dict:
+    """paper_hits over every line a reader sees: markdown, code and its comments, the parameters cell included (a
+    default that is the paper's number belongs in data/paper/, read by the notebook)."""
+    hits = {}
     for cell in nb.cells:
-        if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
-            continue
-        text = cell.source
-        if cell.cell_type == "code":
-            text = "\n".join(line.split("#")[0] for line in text.splitlines())
-        for m in _NUMBER.finditer(text):
-            out.setdefault(f"{float(m.group()):.10g}", m.group())
-    return out
+        hits.update(paper_hits(cell.source.splitlines(), held, code=cell.cell_type == "code"))
+    return hits
 
 
 def test_distinctive_numbers():
     assert distinctive("49.01") == "49.01" and distinctive("2300") is None and distinctive("0.05") is None
     assert distinctive("1350") == "1350" and distinctive("abc") is None
+
+
+def test_paper_hits_at_any_precision():
+    held = {4.54: "noise", 0.001: "settings", 1350.0: "temperature", 0.7: "x", 200.0: "steps"}
+    assert paper_hits(['run.claim("pairwise judging has 4.5x less noise", ...)'], held) == {"4.5": "noise"}
+    assert paper_hits(["kl_beta = 0.001                   # the paper KL coefficient"], held, code=True) == {"0.001": "settings"}
+    assert paper_hits(["kl_beta = 0.001                   # the paper KL coefficient"], held) == {}  # prose: too round
+    assert paper_hits(["start = 1350"], held) == {"1350": "temperature"}
+    assert paper_hits(["temperature = 0.7", "n_heldout = 200", "lr = 1e-3", "ratio 4.6", "figsize=(4.5, 3)"], held) == {}
+    assert paper_hits(["the paper's ratio, about 4.5"], held) == {"4.5": "noise"}
+    assert paper_hits(["t = 0.7  # as in the paper"], held, code=True) == {"0.7": "x"}
+    assert paper_hits(["t = 0.7  # not from a paper, 200 steps"], held, code=True) == {"0.7": "x"}  # code part only
+    assert paper_hits(["steps = 200  # 4.5 in the paper"], held, code=True) == {"200": "steps"}
 
 
 def defined_functions(source: str) -> list:
@@ -235,7 +274,5 @@ def test_notebook_defines_no_functions(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_types_no_paper_number(path):
-    held = paper_numbers()
-    typed = typed_numbers(nbformat.read(path, as_version=4))
-    hits = {raw: held[key] for key, raw in typed.items() if key in held}
+    hits = notebook_hits(nbformat.read(path, as_version=4), paper_values())
     assert not hits, f"{path.name} types paper numbers {hits}; read them with replication.core.paper"

@@ -1,8 +1,9 @@
 """The yardstick's pieces: worked examples, few-shot chat turns, the curve table and the sweep's pick."""
+import numpy as np
 import pandas as pd
 import pytest
 
-from replication.lm import tasks
+from replication.lm import arms, tasks
 from replication.setup import yardstick
 
 
@@ -57,10 +58,16 @@ def test_summary_health_and_arm_record():
     curve = yardstick.curve_table(base, evals, seed=0)
     cfg = {"level": "2d-1step-add", "shots": 3, "temperature": 0.7, "lr": 1e-4, "steps": 4, "prompts_per_step": 4,
            "group_size": 8, "eval_every": 2}
-    rising = [{"reward_mean": r, "zero_std_frac": 0.25} for r in (0.2, 0.3, 0.6, 0.8)]
-    out, arm = yardstick.summary(curve, rising, cfg)
+    def steps(rewards):  # the step rows, the evaluations on the second and the fourth
+        out = [{"reward_mean": r, "zero_std_frac": 0.25, "step": i} for i, r in enumerate(rewards)]
+        out[1].update({k: v for k, v in evals[0].items() if k != "step"})
+        out[3].update({k: v for k, v in evals[1].items() if k != "step"})
+        return out
+
+    out, arm = yardstick.summary(curve, steps(np.linspace(0.1, 0.8, 6)[[0, 2, 4, 5]]), cfg, base, n_boot=200)
     assert out["steps_to_gain"] == 4 and out["gain_excludes_0"] and out["final_accuracy"] == 0.9
-    assert arm == {"arm": "rlvr lr 0.0001", "steps": 4, "samples": 128, "n_eval": 200, "accuracy": 0.9,
-                   "interval": arm["interval"], "healthy": True}
-    falling = [{"reward_mean": r, "zero_std_frac": 0.25} for r in (0.8, 0.6, 0.3, 0.2)]
-    assert not yardstick.summary(curve, falling, cfg)[1]["healthy"]
+    assert {k: arm[k] for k in ("arm", "steps", "samples", "n_heldout", "accuracy", "healthy")} == {
+        "arm": "rlvr lr 0.0001", "steps": 4, "samples": 128, "n_heldout": 200, "accuracy": 0.9, "healthy": True}
+    assert tuple(arm)[:len(arms.RECORD_KEYS)] == arms.RECORD_KEYS
+    falling = yardstick.summary(curve, steps([0.8, 0.6, 0.3, 0.2]), cfg, base, n_boot=200)[1]
+    assert not falling["healthy"] and falling["failed_checks"] == ["learned"]

@@ -28,10 +28,10 @@ from .rollout import Rollout
 LORA_R = 16
 CONFIGS = {
     # the benchmark config: long sampled replies, a cheap reward, KL on
-    "benchmark": {"level": "2d-1step-add", "prompts": 4, "G": 8, "max_new_tokens": 48, "beta": 0.04,
+    "benchmark": {"level": "2d-1step-add", "prompts": 4, "G": 8, "max_new_tokens": 48, "kl_beta": 0.04,
                   "temperature": 1.0, "top_p": 1.0, "reward": "length"},
     # the workbook's real runs: short replies at the notebooks' rollout temperature, the exact verifier
-    "workbook": {"level": "1d-1step-add", "prompts": 4, "G": 8, "max_new_tokens": 32, "beta": 0.0,
+    "workbook": {"level": "1d-1step-add", "prompts": 4, "G": 8, "max_new_tokens": 32, "kl_beta": 0.0,
                  "temperature": 0.7, "top_p": 1.0, "reward": "verifier"},
 }
 
@@ -70,7 +70,7 @@ def ours(model_name: str, cfg: dict, reps: int, rollout_dtype: str = "float32", 
     torch.manual_seed(0)
     model, tok = models.load_model(model_name)
     model = models.add_lora(model, r=LORA_R, alpha=2 * LORA_R)
-    gcfg = grpo.GRPOConfig(num_generations=cfg["G"], max_new_tokens=cfg["max_new_tokens"], beta=cfg["beta"], lr=1e-5,
+    gcfg = grpo.GRPOConfig(num_generations=cfg["G"], max_new_tokens=cfg["max_new_tokens"], kl_beta=cfg["kl_beta"], lr=1e-5,
                            temperature=cfg["temperature"], top_p=cfg["top_p"], rollout_dtype=rollout_dtype,
                            update_dtype=update_dtype, length_buckets=length_buckets)
     trainer = grpo.GRPOTrainer(model, tok, reward_fn(cfg["reward"]), gcfg)
@@ -126,7 +126,7 @@ def trl(model_name: str, cfg: dict, reps: int, bf16: bool = False) -> dict:
     score = reward_fn(cfg["reward"])
     with tempfile.TemporaryDirectory() as out:
         args = GRPOConfig(output_dir=out, per_device_train_batch_size=cfg["prompts"] * cfg["G"], num_generations=cfg["G"],
-                          max_completion_length=cfg["max_new_tokens"], beta=cfg["beta"], learning_rate=1e-5,
+                          max_completion_length=cfg["max_new_tokens"], beta=cfg["kl_beta"], learning_rate=1e-5,
                           temperature=cfg["temperature"], top_p=cfg["top_p"], loss_type="grpo", epsilon=0.2,
                           max_steps=reps + 1, logging_steps=1, report_to=[], use_cpu=True, bf16=bf16,
                           save_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True, shuffle_dataset=False)
@@ -179,7 +179,7 @@ def compare(name: str, model_name: str, reps: int, peak: dict, trl_bf16: bool = 
 def show(r: dict) -> None:
     c = r["settings"]
     print(f"\n### {r['config']}: {c['level']}, {c['prompts']} prompts x G={c['G']}, {c['max_new_tokens']} new tokens, "
-          f"T={c['temperature']}, top_p={c['top_p']}, beta={c['beta']}, reward: {c['reward']}, LoRA r={LORA_R}")
+          f"T={c['temperature']}, top_p={c['top_p']}, KL beta={c['kl_beta']}, reward: {c['reward']}, LoRA r={LORA_R}")
     print("\n| trainer | median step (s) | steps (s) | mean completion length | zero-gradient groups | peak memory (GB) |")
     print("|---|---|---|---|---|---|")
     for label, x in r["rows"].items():
@@ -198,7 +198,7 @@ def show(r: dict) -> None:
 
 def update_phase(model_name: str, cfg: dict, reps: int, dtypes=("float32", "bfloat16")) -> dict:
     """Seconds of our update phase (forward + backward + AdamW over prompts x G completions of max_new_tokens
-    tokens, all unmasked, beta as in cfg) and of the reference scoring pass, for each update_dtype, interleaved
+    tokens, all unmasked, kl_beta as in cfg) and of the reference scoring pass, for each update_dtype, interleaved
     in one process after one warm-up of each: {"update": {dtype: [wall s, ...]}, "update_cpu": {dtype: [CPU s,
     ...]}, "scoring": ..., "scoring_cpu": ..., "median": {phase: {dtype: s}}}."""
     torch.manual_seed(0)
@@ -212,12 +212,12 @@ def update_phase(model_name: str, cfg: dict, reps: int, dtypes=("float32", "bflo
     batch = Rollout(p_ids, p_mask, c_ids, torch.ones_like(c_ids), [""] * len(p_ids), torch.randn(len(p_ids)), G)
     batch.advantages = torch.randn(len(p_ids))
     trainers = {d: grpo.GRPOTrainer(model, tok, None, grpo.GRPOConfig(num_generations=G, max_new_tokens=T, lr=1e-5,
-                                                                      beta=cfg["beta"], update_dtype=d))
+                                                                      kl_beta=cfg["kl_beta"], update_dtype=d))
                 for d in dtypes}
 
     def score(t):
         with torch.no_grad(), t.precision(), model.disable_adapter():
-            batch.ref_logps = t._logps(batch) if cfg["beta"] > 0 else None
+            batch.ref_logps = t._logps(batch) if cfg["kl_beta"] > 0 else None
 
     def clocked(fn, t):  # wall seconds, and this process's CPU seconds (all threads): steadier on a shared machine
         t0, c0 = time.perf_counter(), time.process_time()
@@ -252,7 +252,7 @@ def main(argv=None) -> int:
         name = "benchmark" if args.config == "both" else args.config
         c = CONFIGS[name]
         print(f"{torch.get_num_threads()} threads, {args.reps} interleaved rounds after one warm-up; {name} config: "
-              f"{c['prompts']} prompts x G={c['G']}, {c['max_new_tokens']} completion tokens, beta={c['beta']}")
+              f"{c['prompts']} prompts x G={c['G']}, {c['max_new_tokens']} completion tokens, KL beta={c['kl_beta']}")
         r = update_phase(args.model, c, args.reps)
         for phase in ("update", "update_cpu", "scoring", "scoring_cpu"):
             for d, xs in r[phase].items():

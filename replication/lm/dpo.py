@@ -17,7 +17,7 @@ class PreferenceConfig:
     lr: float = 1e-4
     epochs: int = 1
     batch_size: int = 8
-    beta: float = 0.1            # DPO temperature
+    dpo_beta: float = 0.1        # DPO temperature (TRL's `beta`)
     max_grad_norm: float = 1.0
     seed: int = 0
     system: str = None
@@ -27,15 +27,15 @@ class PreferenceConfig:
         config.check_int("batch_size", self.batch_size)
         config.check_int("seed", self.seed, minimum=0)
         config.check_range("lr", self.lr, 0.0, 1.0)
-        if not isinstance(self.beta, (int, float)) or self.beta <= 0:
-            raise ValueError(f"beta={self.beta!r} is not allowed; the DPO beta must be > 0")
+        if not isinstance(self.dpo_beta, (int, float)) or self.dpo_beta <= 0:
+            raise ValueError(f"dpo_beta={self.dpo_beta!r} is not allowed; the DPO beta must be > 0")
         return self
 
 
-def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta: float = 0.1):
-    """Sigmoid DPO loss on summed completion log-probs: -log sigmoid(beta * (chosen margin - rejected margin))."""
+def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, dpo_beta: float = 0.1):
+    """Sigmoid DPO loss on summed completion log-probs: -log sigmoid(dpo_beta * (chosen margin - rejected margin))."""
     margin = (chosen_logps - ref_chosen_logps) - (rejected_logps - ref_rejected_logps)
-    return -F.logsigmoid(beta * margin).mean(), margin.detach()
+    return -F.logsigmoid(dpo_beta * margin).mean(), margin.detach()
 
 
 def sft_loss(logps, mask):
@@ -183,7 +183,7 @@ def train_dpo(model, tok, pairs, cfg: PreferenceConfig, adapter_name=None, progr
 
     def val_loss():
         seqs = [_seq_sums(model, tok, prompts, completions, cfg.system) for prompts, completions in val]
-        return sum(float(dpo_loss(s[:len(s) // 2], s[len(s) // 2:], r[:len(r) // 2], r[len(r) // 2:], cfg.beta)[0]) * (len(s) // 2)
+        return sum(float(dpo_loss(s[:len(s) // 2], s[len(s) // 2:], r[:len(r) // 2], r[len(r) // 2:], cfg.dpo_beta)[0]) * (len(s) // 2)
                    for s, r in zip(seqs, val_refs)) / len(validation)
 
     per_epoch = _per_epoch(len(pairs), cfg.batch_size)
@@ -201,7 +201,7 @@ def train_dpo(model, tok, pairs, cfg: PreferenceConfig, adapter_name=None, progr
         model.train()
         seq = _seq_sums(model, tok, prompts, completions, cfg.system)
         k = len(prompts) // 2
-        loss, margin = dpo_loss(seq[:k], seq[k:], ref[:k], ref[k:], cfg.beta)
+        loss, margin = dpo_loss(seq[:k], seq[k:], ref[:k], ref[k:], cfg.dpo_beta)
         loss.backward()
         norm = training.optimizer_step(model, opt, cfg.max_grad_norm)
         row = {"loss": float(loss.detach()), "margin": float(margin.mean()),

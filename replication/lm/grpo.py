@@ -48,7 +48,7 @@ class GRPOConfig:
                                       # (training.length_buckets): same loss, less computed padding
     lr: float = 1e-5
     weight_decay: float = 0.0
-    beta: float = 0.04                # KL coefficient
+    kl_beta: float = 0.04             # KL coefficient (TRL's `beta`)
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
     loss_type: str = "grpo"           # grpo | bnpo | dr_grpo
@@ -70,8 +70,8 @@ class GRPOConfig:
             config.check_int(name, getattr(self, name))
         config.check_int("save_every", self.save_every, minimum=0)
         config.check_int("seed", self.seed, minimum=0)
-        if not isinstance(self.beta, (int, float)) or self.beta < 0:
-            raise ValueError(f"beta={self.beta!r} is not allowed; the KL coefficient must be >= 0")
+        if not isinstance(self.kl_beta, (int, float)) or self.kl_beta < 0:
+            raise ValueError(f"kl_beta={self.kl_beta!r} is not allowed; the KL coefficient must be >= 0")
         for name in ("epsilon_low", "epsilon_high"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not 0 < v < 1:
@@ -120,22 +120,22 @@ def reinforce_pp_advantages(rewards, mask, groups=None, token_kl=None, kl_coef: 
     return adv
 
 
-def grpo_loss(logps, old_logps, ref_logps, advantages, mask, beta: float = 0.04, epsilon_low: float = 0.2,
+def grpo_loss(logps, old_logps, ref_logps, advantages, mask, kl_beta: float = 0.04, epsilon_low: float = 0.2,
               epsilon_high: float = 0.2, loss_type: str = "grpo", max_completion_length: int = None,
               kl_ratio_correction: bool = True):
-    """PPO-clipped surrogate plus beta * k3 KL, aggregated as grpo / bnpo / dr_grpo. Returns (loss, stats)."""
+    """PPO-clipped surrogate plus kl_beta * k3 KL, aggregated as grpo / bnpo / dr_grpo. Returns (loss, stats)."""
     mask = mask.float()
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
     ratio = torch.exp(logps - old_logps)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     per_token = -torch.min(ratio * adv, clipped * adv)
     kl = torch.zeros_like(logps)
-    if beta != 0.0:
+    if kl_beta != 0.0:
         delta = ref_logps - logps
         kl = torch.exp(delta) - delta - 1
         if kl_ratio_correction:
             kl = kl * ratio
-        per_token = per_token + beta * kl
+        per_token = per_token + kl_beta * kl
     if loss_type == "grpo":
         loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1.0)).mean()
     elif loss_type == "bnpo":
@@ -196,7 +196,7 @@ class GRPOTrainer:
         with torch.no_grad(), self.timer("scoring"), self.precision():
             if cfg.num_iterations > 1:
                 batch.old_logps = self._logps(batch)
-            if cfg.beta > 0:
+            if cfg.kl_beta > 0:
                 with self.model.disable_adapter():
                     batch.ref_logps = self._logps(batch)
         batch.zero_std = group_advantages(rewards, G)[1] if G > 1 else torch.zeros(len(rewards), dtype=torch.bool)
@@ -250,7 +250,7 @@ class GRPOTrainer:
                     old = logps.detach() if batch.old_logps is None else batch.old_logps[rows]
                     ref = None if batch.ref_logps is None else batch.ref_logps[rows]
                     loss, stats = grpo_loss(logps, old, ref, batch.advantages[rows], batch.completion_mask[rows],
-                                            cfg.beta, cfg.epsilon_low, cfg.epsilon_high, cfg.loss_type,
+                                            cfg.kl_beta, cfg.epsilon_low, cfg.epsilon_high, cfg.loss_type,
                                             cfg.max_new_tokens, cfg.kl_ratio_correction)
                     (loss / len(chunks)).backward()
                 w = 1 / (len(chunks) * cfg.num_iterations)

@@ -22,7 +22,7 @@ class Rollout:
     advantages: torch.Tensor = None  # (B,) or (B, T)
     zero_std: torch.Tensor = None   # (B,) bool: the row's group has equal rewards (no GRPO gradient)
     old_logps: torch.Tensor = None  # (B, T) when num_iterations > 1
-    ref_logps: torch.Tensor = None  # (B, T) when beta > 0
+    ref_logps: torch.Tensor = None  # (B, T) when kl_beta > 0
     metrics: dict = field(default_factory=dict)  # name -> number (reward functions' log_metric)
     extras: dict = field(default_factory=dict)   # name -> list of B values (reward functions' log_extra)
 

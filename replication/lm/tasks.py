@@ -124,19 +124,19 @@ def worked_examples(level: str, k: int, seed: int = 0) -> list:
     return make_level(level, k, seed=config.derive_seed(seed, "shots", level)) if k else []
 
 
-def split(level: str, n_train: int, n_eval: int, seed: int = 0, eval_level: str = None):
-    """The one train / held-out split: n_train problems of `level` and n_eval problems of `eval_level`
+def split(level: str, n_train: int, n_heldout: int, seed: int = 0, eval_level: str = None):
+    """The one train / held-out split: n_train problems of `level` and n_heldout problems of `eval_level`
     (default: the same level) whose question text never appears in the training set."""
     config.check_int("n_train", n_train, minimum=0)
-    config.check_int("n_eval", n_eval, minimum=0)
+    config.check_int("n_heldout", n_heldout, minimum=0)
     train = make_level(level, n_train, seed=config.derive_seed(seed, "train", level)) if n_train else []
     seen = {p.question for p in train}
-    pool = make_level(eval_level or level, 3 * (n_eval + n_train) + 10, seed=config.derive_seed(seed, "heldout", eval_level or level))
+    pool = make_level(eval_level or level, 3 * (n_heldout + n_train) + 10, seed=config.derive_seed(seed, "heldout", eval_level or level))
     heldout = list({p.question: p for p in pool if p.question not in seen}.values())
-    if len(heldout) < n_eval:
-        raise ValueError(f"n_eval={n_eval} is not allowed; level {eval_level or level} has only {len(heldout)} "
+    if len(heldout) < n_heldout:
+        raise ValueError(f"n_heldout={n_heldout} is not allowed; level {eval_level or level} has only {len(heldout)} "
                          f"questions unseen in training")
-    return train, heldout[:n_eval]
+    return train, heldout[:n_heldout]
 
 
 def _to_number(s: str):

@@ -14,7 +14,7 @@ A config (configs/paper/*.yaml, configs/tiny/*.yaml) has these sections, each ch
        {name: checkpoint} when missing) with ratings ({name: Elo}); then
        temperature, k, update_rule, start_rating, length_margin;
   rlpr: baseline (initial: r' from the initial policy, cached before training, as the authors' code | policy),
-       format_weight, aggregation, filter (beta, ratio, warmup_start, warmup_end; null: no filter);
+       format_weight, aggregation, filter (factor: the std filter's factor, ratio, warmup_start, warmup_end; null: no filter);
   mae: mae.MAEConfig's loop settings (proposals and pool_solve per process, n_solve, token caps per role, filter,
        score rule, judge), trained by trl_mae.MAETrainer; data: level, n_seed_questions, shots;
   malt: the trees (n_branch, tokens, temperature, batch_size, tree_model, tree_file), pooling, max_sft, max_pairs;
@@ -57,7 +57,7 @@ DEFAULTS = {
                    "ratings": None, "opponent_models": None, "temperature": 200.0, "k": 32.0, "update_rule": "mean", "start_rating": 1350.0,
                    "length_margin": 60},
     "rlpr": {"baseline": "initial", "format_weight": 0.1, "aggregation": "mean",
-             "filter": {"beta": 0.5, "ratio": 0.99, "warmup_start": 5, "warmup_end": 10}},
+             "filter": {"factor": 0.5, "ratio": 0.99, "warmup_start": 5, "warmup_end": 10}},
     "mae": {name: getattr(mae.MAEConfig, name) for name in MAE_FIELDS},
     "malt": {"n_branch": 3, "tokens": [48, 32, 48], "temperature": 0.7, "batch_size": 16, "pooling": "global",
              "max_sft": 100000, "max_pairs": 100000, "tree_model": None, "tree_file": None},
@@ -289,7 +289,7 @@ def rlpr_pieces(cfg: dict, tok, model):
         baseline = {q.id: p for q, p in zip(qs, probs)}
     reward = rlpr.Reward(None, tok, "probability", r["aggregation"], baseline, r["format_weight"], temperature)
     f = r["filter"]
-    filt = None if f is None else rlpr_training.StdFilter(f["beta"], f["ratio"], f["warmup_start"], f["warmup_end"])
+    filt = None if f is None else rlpr_training.StdFilter(f["factor"], f["ratio"], f["warmup_start"], f["warmup_end"])
     ds = Dataset.from_dict({"prompt": [trl_grpo.chat(q.chat(shots)) for q in qs], "id": [q.id for q in qs],
                             "reference": [q.reference for q in qs], "aliases": [list(q.aliases) for q in qs],
                             "value": [q.value for q in qs]})

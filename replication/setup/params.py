@@ -15,7 +15,7 @@ class Setup(Params):
     throughput_prompts: int = p()
     measure_first_load: bool = p()
     group_size: int = p(minimum=2)
-    step_prompts: int = p()
+    prompts_per_step: int = p()
     step_tokens: int = p()
     rollout_temperature: float = p(low=0.01, high=2.0)
     rollout_dtype: str = p(choices=("float32", "bfloat16"))
@@ -26,7 +26,7 @@ class Setup(Params):
     yardstick_level: str = p(choices=tuple(tasks.LEVELS))
     shots: int = p(minimum=0)
     n_train: int = p()
-    n_eval: int = p()
+    n_heldout: int = p()
     lrs: list = p(each={"low": 0.0, "high": 0.1})
     sweep_steps: int = p()
     yardstick_steps: int = p()
@@ -34,7 +34,7 @@ class Setup(Params):
     lora_r: int = p()
 
     def check(self):
-        self.at_most("step_prompts", self.throughput_prompts, "throughput_prompts")
-        self.at_most("step_prompts", self.n_train, "n_train")
+        self.at_most("prompts_per_step", self.throughput_prompts, "throughput_prompts")
+        self.at_most("prompts_per_step", self.n_train, "n_train")
         self.at_most("sweep_steps", self.yardstick_steps, "yardstick_steps")
         self.at_most("eval_every", self.sweep_steps, "sweep_steps")

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from replication.core import config, stats
-from replication.lm import grpo, loop, models, tasks
+from replication.lm import arms, grpo, loop, models, tasks
 
 
 def prompts_for(problems, shots) -> list:
@@ -106,24 +106,24 @@ def steps_to_gain(table: pd.DataFrame):
     return int(hit["step"].iloc[0]) if len(hit) else None
 
 
-def summary(curve: pd.DataFrame, rows: list, cfg: dict) -> tuple:
-    """The yardstick's outcome and its arm record. Health: the training reward of the last `eval_every` steps
-    above that of the first, the final held-out accuracy's interval reaching the base model's lower bound, and
-    held-out replies at least half as long as the base model's. cfg: level, shots, temperature, lr, steps,
-    prompts_per_step, group_size, eval_every."""
+def summary(curve: pd.DataFrame, rows: list, cfg: dict, base: dict, n_boot: int = 1000) -> tuple:
+    """The yardstick's outcome and its arm record (arms.record), with the one health check (arms.health): the
+    training reward's rise, the final held-out accuracy against the base model's (base: heldout_row of the base
+    model), reply lengths. cfg: level, shots, temperature, lr, steps, prompts_per_step, group_size, eval_every."""
     steps, last, k = pd.DataFrame(rows), curve.iloc[-1], cfg["eval_every"]
-    health = {"reward_first": float(steps["reward_mean"][:k].mean()), "reward_last": float(steps["reward_mean"][-k:].mean()),
-              "tokens_base": float(curve["tokens"].iloc[0]), "tokens_last": float(last["tokens"])}
+    final = [r for r in rows if "eval_correct" in r][-1]
+    lengths = {"reward_first": float(steps["reward_mean"][:k].mean()), "reward_last": float(steps["reward_mean"][-k:].mean()),
+               "tokens_base": float(curve["tokens"].iloc[0]), "tokens_last": float(last["tokens"])}
     out = {**{n: cfg[n] for n in ("level", "shots", "temperature", "lr", "steps", "prompts_per_step", "group_size")},
-           "n_eval": int(last["n"]), "base_accuracy": float(curve["accuracy"].iloc[0]), "final_accuracy": float(last["accuracy"]),
+           "n_heldout": int(last["n"]), "base_accuracy": float(curve["accuracy"].iloc[0]), "final_accuracy": float(last["accuracy"]),
            "gain": [float(last["gain"]), float(last["gain_low"]), float(last["gain_high"])],
            "gain_excludes_0": bool(last["gain_low"] > 0 or last["gain_high"] < 0), "steps_to_gain": steps_to_gain(curve),
-           "zero_gradient_groups": float(steps["zero_std_frac"].mean()), **health}
-    healthy = (health["reward_last"] > health["reward_first"] and last["ci_high"] >= curve["ci_low"].iloc[0]
-               and health["tokens_last"] >= 0.5 * health["tokens_base"])
-    arm = {"arm": f"rlvr lr {cfg['lr']:g}", "steps": cfg["steps"], "samples": cfg["steps"] * cfg["prompts_per_step"] * cfg["group_size"],
-           "n_eval": int(last["n"]), "accuracy": float(last["accuracy"]),
-           "interval": [float(last["ci_low"]), float(last["ci_high"])], "healthy": bool(healthy)}
+           "zero_gradient_groups": float(steps["zero_std_frac"].mean()), **lengths}
+    check = arms.health(arms.reward_rise(steps["reward_mean"], n_boot=n_boot, seed=config.derive_seed(cfg.get("seed", 0), "health")),
+                        final["eval_correct"], base["eval_correct"], [final["eval_tokens"]], [base["eval_tokens"]],
+                        train_tokens=steps["completion_len"] if "completion_len" in steps else None)
+    arm = arms.record(f"rlvr lr {cfg['lr']:g}", final["eval_correct"], cfg["steps"],
+                      cfg["steps"] * cfg["prompts_per_step"] * cfg["group_size"], check)
     return out, arm
 
 

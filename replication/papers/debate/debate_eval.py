@@ -117,13 +117,13 @@ def expert_check(model, tok, stories: dict, readings=READINGS, seed: int = 0, ba
 
 
 def arm_record(arm: str, p_correct, per_question: int = 1, arguments=None) -> dict:
-    """One judged protocol as an arm of the metrics' "arms" list: no training (steps and samples 0), n_eval
-    questions, accuracy with its Wilson interval, and healthy = every judgment a probability in (0, 1) and, for
-    an argued protocol, every argument non-empty."""
+    """One judged protocol as an arm of the metrics' "arms" list, with the keys of every arm record
+    (arms.RECORD_KEYS): no training (steps and samples 0), n_heldout questions, accuracy over judgments with its
+    Wilson interval, and healthy = every judgment a probability in (0, 1) and, for an argued protocol, every
+    argument non-empty (failed_checks names which failed)."""
     p = np.asarray(p_correct, float)
     acc = accuracy(p)
-    healthy = bool(np.all(np.isfinite(p)) and np.all((p > 0) & (p < 1)))
-    if arguments is not None:
-        healthy = healthy and all(a["words"] > 0 for a in arguments)
-    return {"arm": arm, "steps": 0, "samples": 0, "n_eval": len(p) // per_question, "accuracy": acc["accuracy"],
-            "interval": acc["ci95"], "healthy": healthy}
+    checks = {"judgments_valid": bool(np.all(np.isfinite(p)) and np.all((p > 0) & (p < 1))),
+              "arguments_written": arguments is None or all(a["words"] > 0 for a in arguments)}
+    return {"arm": arm, "steps": 0, "samples": 0, "n_heldout": len(p) // per_question, "accuracy": acc["accuracy"],
+            "interval": acc["ci95"], "healthy": all(checks.values()), "failed_checks": [k for k, ok in checks.items() if not ok]}

@@ -313,7 +313,7 @@ def joint_update(model, optimizer, chunks, cfg: MAEConfig) -> dict:
                 continue
             p_ids, p_mask, c_ids, c_mask = (x[rows] for x in gen["ids"])
             logps = training.grouped_logps(model, p_ids, p_mask, c_ids, c_mask, g, cfg.temperature)
-            loss, _ = grpo.grpo_loss(logps, logps.detach(), None, adv[rows], c_mask, beta=0.0, loss_type="bnpo")
+            loss, _ = grpo.grpo_loss(logps, logps.detach(), None, adv[rows], c_mask, kl_beta=0.0, loss_type="bnpo")
             loss = loss * float(c_mask.sum()) / total  # token mean over every role's tokens
             loss.backward()
             loss_sum += float(loss.detach())

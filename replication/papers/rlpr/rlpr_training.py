@@ -26,22 +26,22 @@ VARIANTS = {"rlpr": ("probability", True, True), "rlvr": ("verifier", False, Fal
 
 
 class StdFilter:
-    """Keep prompts whose group reward std >= beta * EMA of the per-step mean group std.
+    """Keep prompts whose group reward std >= factor * EMA of the per-step mean group std (the authors' beta).
 
     Steps [warmup_start, warmup_end) (0-based) are only observed; the EMA starts at their mean, then
     ema = (1 - ratio) * step_std + ratio * ema after each step (the threshold of a step uses the EMA before it)."""
 
-    def __init__(self, beta: float = 0.5, ratio: float = 0.99, warmup_start: int = 5, warmup_end: int = 10):
-        config.check_range("beta", beta, 0.0, 10.0)
+    def __init__(self, factor: float = 0.5, ratio: float = 0.99, warmup_start: int = 5, warmup_end: int = 10):
+        config.check_range("std_filter_factor", factor, 0.0, 10.0)
         config.check_range("ratio", ratio, 0.0, 1.0)
         config.check_int("warmup_start", warmup_start, minimum=0)
         config.check_int("warmup_end", warmup_end, minimum=warmup_start + 1)
-        self.beta, self.ratio, self.warmup = beta, ratio, (warmup_start, warmup_end)
+        self.factor, self.ratio, self.warmup = factor, ratio, (warmup_start, warmup_end)
         self.ema, self.seen = None, []
 
     @property
     def threshold(self):
-        return None if self.ema is None else self.beta * self.ema
+        return None if self.ema is None else self.factor * self.ema
 
     def keep(self, stds):
         """Boolean mask of the prompts to keep (all of them before the EMA exists)."""
@@ -149,7 +149,7 @@ def answer_heldout(model, tok, questions, max_new_tokens: int = 48, batch_size: 
 
 def run_variant(name: str, pool, heldout, cfg, steps: int, batch_prompts: int, run_folder=None, cache=None,
                 model_name: str = "smollm2-135m-instruct", shots=(), baseline="policy", format_weight: float = 0.1,
-                beta: float = 0.5, ema_ratio: float = 0.99, warmup=(0, 2), max_rollouts: int = 2, lora_r: int = 16,
+                std_filter_factor: float = 0.5, ema_ratio: float = 0.99, warmup=(0, 2), max_rollouts: int = 2, lora_r: int = 16,
                 eval_tokens: int = 48, batch_size: int = 16, progress: bool = True):
     """Train one variant (VARIANTS) with LoRA GRPO from the base model, then answer the held-out questions greedily.
     Every variant starts from the same adapter (seeded by config.derive_seed(cfg.seed, "rlpr-lora")), whatever ran
@@ -161,7 +161,7 @@ def run_variant(name: str, pool, heldout, cfg, steps: int, batch_prompts: int, r
     kind, debiased, filtered = VARIANTS[name]
     key = {"variant": name, "grpo": asdict(cfg), "steps": steps, "batch_prompts": batch_prompts, "model": model_name,
            "shots": [s.id for s in shots], "baseline": baseline if isinstance(baseline, str) else "fixed",
-           "format_weight": format_weight, "beta": beta, "ema_ratio": ema_ratio, "warmup": list(warmup),
+           "format_weight": format_weight, "std_filter_factor": std_filter_factor, "ema_ratio": ema_ratio, "warmup": list(warmup),
            "max_rollouts": max_rollouts, "lora_r": lora_r, "pool": [q.id for q in pool],
            "heldout": [q.id for q in heldout], "eval_tokens": eval_tokens, "lora_init": "rlpr-lora"}
     model, tok = models.load_model(model_name)
@@ -170,7 +170,7 @@ def run_variant(name: str, pool, heldout, cfg, steps: int, batch_prompts: int, r
     reward = Reward(model, tok, kind, baseline=baseline if debiased else None, format_weight=format_weight,
                     temperature=cfg.temperature, batch_size=batch_size, system=cfg.system)
     trainer = grpo.GRPOTrainer(model, tok, reward, cfg)
-    filt = StdFilter(beta, ema_ratio, warmup_start=warmup[0], warmup_end=warmup[1]) if filtered else None
+    filt = StdFilter(std_filter_factor, ema_ratio, warmup_start=warmup[0], warmup_end=warmup[1]) if filtered else None
     folder = run_folder(name, key) if run_folder is not None else None
     rows = train(trainer, pool, steps, batch_prompts, folder, filt, max_rollouts, progress, shots)
     make = lambda: answer_heldout(trainer.model, tok, heldout, eval_tokens, batch_size, cfg.seed, shots)  # noqa: E731
@@ -215,7 +215,7 @@ def base_record(base: pd.DataFrame) -> dict:
     return arms.record("base", base["correct"], **heldout_summary(base))
 
 
-def filter_summary(filtered: dict, beta: float, warmup) -> dict:
+def filter_summary(filtered: dict, std_filter_factor: float, warmup) -> dict:
     """The std filter of the main filtered variant ('rlpr' if run): final threshold, share of prompts dropped
     after the warm-up, and per step the threshold, the share dropped and the rollouts made."""
     main = "rlpr" if "rlpr" in filtered else next(iter(filtered), None)
@@ -224,7 +224,7 @@ def filter_summary(filtered: dict, beta: float, warmup) -> dict:
     rows = filtered[main]
     after = rows[rows["threshold"].notna()]
     return {"variant": main,
-            "final_threshold": float(rows["ema"].iloc[-1] * beta) if rows["ema"].notna().any() else None,
+            "final_threshold": float(rows["ema"].iloc[-1] * std_filter_factor) if rows["ema"].notna().any() else None,
             "fraction_filtered": float(after["fraction_filtered"].mean()) if len(after) else 0.0,
             "threshold_by_step": [None if pd.isna(x) else float(x) for x in rows["threshold"]],
             "fraction_filtered_by_step": rows["fraction_filtered"].tolist(), "rollouts_by_step": rows["rollouts"].tolist(),
