@@ -113,15 +113,15 @@ def test_loop_keeps_only_the_newest_checkpoints(tmp_path):
 def cell_03():
     return {"profile": "smoke", "seed": 0, "model": "m", "n_arithmetic": 4, "n_factual": 2, "samples": 2,
             "temperature": 0.8, "max_new_tokens": 16, "batch_size": 8, "n_boot": 50, "level": "1d-1step-add", "shots": 1,
-            "styles": ["digits"], "n_train": 4, "n_heldout": 8, "steps": 2, "batch_prompts": 2,
-            "group": 2, "lr": 1e-4, "lora_r": 8, "warmup_start": 0, "warmup_end": 1, "max_rollouts": 2,
+            "styles": ["digits"], "n_train": 4, "n_heldout": 8, "steps": 2, "prompts_per_step": 2,
+            "group_size": 2, "rollout_dtype": "bfloat16", "lr": 1e-4, "lora_r": 8, "warmup_start": 0, "warmup_end": 1, "max_rollouts": 2,
             "variants": ["rlpr", "rlvr"]}
 
 
 @pytest.mark.parametrize("change, message", [
     ({"steps": 0}, "steps=0"), ({"temperature": 5.0}, "temperature=5.0"), ({"profile": "fast"}, "profile='fast'"),
     ({"variants": ["rlpr", "ppo"]}, "variants='ppo'"), ({"warmup_end": 0}, "warmup_end=0"),
-    ({"batch_prompts": 7}, "batch_prompts=7"), ({"lr": "fast"}, "lr='fast'"), ({"seed": -1}, "seed=-1"),
+    ({"prompts_per_step": 7}, "prompts_per_step=7"), ({"rollout_dtype": "fp16"}, "rollout_dtype='fp16'"), ({"lr": "fast"}, "lr='fast'"), ({"seed": -1}, "seed=-1"),
 ])
 def test_parameters_name_the_bad_value(change, message):
     params.build("03_rlpr_debiasing", cell_03())
