@@ -23,6 +23,25 @@ def ledger(recs) -> list:
     return [{"notebook": r["notebook"], **c} for r in recs for c in r.get("claims", [])]
 
 
+def caveat(profile: str, name: str = None):
+    """What a reader must know before reading a run's numbers, or None for the profile's own default or paper run:
+    a smoke run tests the code at tiny sizes (its verdicts are not findings), and a run with one-off overrides
+    (--set) is not the workbook's run of that profile."""
+    if profile == "smoke":
+        return ("Smoke run: tiny sizes that test the code, not the papers. Its numbers and verdicts are not results; "
+                "the default profile's run (figures/README.md) holds the workbook's findings.")
+    if name and name != profile:
+        return (f"One-off overrides (runs/{name}/, made with --set): not the workbook's {profile} run; read its "
+                "verdicts against the settings that were changed.")
+    return None
+
+
+def verdict_label(profile: str, name: str = None) -> str:
+    """The ledger's verdict column header: marked when the run's verdicts are not findings (caveat)."""
+    return "verdict" if caveat(profile, name) is None else ("verdict (smoke: tests the code)" if profile == "smoke"
+                                                            else "verdict (one-off overrides)")
+
+
 LEDGER_COLUMNS = ("notebook", "claim", "paper", "measured", "verdict", "evidence", "interval", "n", "why")
 
 
@@ -87,10 +106,12 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
         rows["claims"] += ["| " + " | ".join(_md_cell(_cell(c, k)) for k in LEDGER_COLUMNS) + " |" for c in ledger([r])]
         rows["times"].append(f"| {r['notebook']} | {r['seed']} | {r['wall_time_s']} |")
     where = f"{profile} profile" + (f", one-off overrides in runs/{name}/" if name and name != profile else "")
-    lines = [f"# Figures ({where})", "",
+    note = caveat(profile, name)
+    head = [verdict_label(profile, name) if k == "verdict" else k for k in LEDGER_COLUMNS]
+    lines = [f"# Figures ({where})", "", *([f"> **{note}**", ""] if note else []),
              f"Written by `python -m replication run --profile {profile}`; do not edit by hand.", "",
              "| figure | notebook | caption |", "|---|---|---|", *rows["figures"],
-             "", "## Claims ledger", "", "| " + " | ".join(LEDGER_COLUMNS) + " |",
+             "", "## Claims ledger", "", "| " + " | ".join(head) + " |",
              "|" + "---|" * len(LEDGER_COLUMNS), *(rows["claims"] or ["| (no claims recorded yet) |" + " |" * (len(LEDGER_COLUMNS) - 1)]),
              "", "| notebook | seed | wall time (s) |", "|---|---|---|", *rows["times"]]
     return files.write_text(index_path(profile, name), "\n".join(lines) + "\n")
@@ -123,7 +144,10 @@ STYLE = """body{font-family:sans-serif;max-width:75em;margin:2em auto;padding:0 
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
 .figs{display:flex;flex-wrap:wrap;gap:1em}figure{width:22em;margin:0}figure img{width:100%;border:1px solid #ddd}
 figcaption{font-size:.85em}.badge{display:inline-block;padding:1px 8px;border-radius:1em;color:#fff;white-space:nowrap}
-.kind{display:inline-block;padding:1px 6px;border:1px solid #888;border-radius:3px;font-size:.85em;white-space:nowrap}"""
+.kind{display:inline-block;padding:1px 6px;border:1px solid #888;border-radius:3px;font-size:.85em;white-space:nowrap}
+""" + "{CAVEAT}"
+CAVEAT_STYLE = ".caveat{background:#fff4d6;border:2px solid #a86b00;padding:.6em 1em;font-weight:bold;max-width:75em}"
+STYLE = STYLE.replace("{CAVEAT}", CAVEAT_STYLE)
 
 
 def install_mathjax(report_dir: Path) -> Path:
@@ -169,8 +193,13 @@ def widgets_as_text(nb) -> None:
                 out["data"]["text/plain"] = widget_text(state, view.get("model_id", "")) or out["data"].get("text/plain", "")
 
 
-def notebook_html(path: Path) -> str:
-    """One executed notebook as a standalone HTML page that loads nothing from the network."""
+def banner_html(note) -> str:
+    return f'<p class="caveat">{html.escape(note)}</p>' if note else ""
+
+
+def notebook_html(path: Path, note: str = None) -> str:
+    """One executed notebook as a standalone HTML page that loads nothing from the network, opened by the run's
+    caveat when it has one."""
     import jinja2
     import nbformat
     from nbconvert import HTMLExporter
@@ -179,7 +208,11 @@ def notebook_html(path: Path) -> str:
     widgets_as_text(nb)
     exporter = HTMLExporter(template_name="lab", extra_loaders=[jinja2.DictLoader({"report.html.j2": TEMPLATE})],
                             template_file="report.html.j2", mathjax_url=MATHJAX_URL)
-    return exporter.from_notebook_node(nb)[0]
+    page = exporter.from_notebook_node(nb)[0]
+    if note:
+        at = page.index(">", page.index("<body")) + 1
+        page = page[:at] + f"<style>{CAVEAT_STYLE}</style>" + banner_html(note) + page[at:]
+    return page
 
 
 def badge(text: str, colour: str = None) -> str:
@@ -189,9 +222,9 @@ def badge(text: str, colour: str = None) -> str:
     return f'<span class="badge" style="background:{colour}">{html.escape(text)}</span>'
 
 
-def ledger_html(claims) -> str:
+def ledger_html(claims, verdict_header: str = "verdict") -> str:
     """The claims ledger as a table, each verdict a coloured badge and each evidence kind a label, with a count of
-    the verdicts above it."""
+    the verdicts above it; verdict_header marks the column when the run's verdicts are not findings."""
     counts = {v: sum(c["verdict"] == v for c in claims) for v in VERDICT_COLOURS}
     summary = " ".join(f"{badge(f'{n} {v}', VERDICT_COLOURS[v])}" for v, n in counts.items() if n)
 
@@ -203,7 +236,7 @@ def ledger_html(claims) -> str:
         return html.escape(_cell(c, k))
 
     rows = "".join("<tr>" + "".join(f"<td>{cell(c, k)}</td>" for k in LEDGER_COLUMNS) + "</tr>" for c in claims)
-    head = "".join(f"<th>{k}</th>" for k in LEDGER_COLUMNS)
+    head = "".join(f"<th>{verdict_header if k == 'verdict' else k}</th>" for k in LEDGER_COLUMNS)
     return f"<p>{summary or 'no claims recorded yet'}</p><table><tr>{head}</tr>{rows}</table>"
 
 
@@ -234,18 +267,21 @@ def write_html(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Path
         if not nb.is_file():
             continue
         out = paths.report / f"{stem}.html"
-        if not out.is_file() or out.stat().st_mtime < nb.stat().st_mtime or MATHJAX_URL not in out.read_text():
-            files.write_text(out, notebook_html(nb))
+        note = caveat(profile, paths.name)
+        text = out.read_text() if out.is_file() else ""
+        if (not text or out.stat().st_mtime < nb.stat().st_mtime or MATHJAX_URL not in text
+                or bool(note) != ('class="caveat"' in text)):
+            files.write_text(out, notebook_html(nb, note))
         rec = recs.get(stem, {})
         took = f" ({rec['wall_time_s']:.0f} s)" if "wall_time_s" in rec else ""
         sections.append(f'<h3 id="{stem}"><a href="{out.name}">{html.escape(stem)}</a>{took}</h3>{figures_html(rec, paths)}')
     claims = ledger([recs[s] for s in list_notebooks(folder) if s in recs])
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Replication workbook: {html.escape(profile)}</title>
 <style>{STYLE}</style>{MATHJAX_FONTS}<script src="{MATHJAX_URL}"></script></head><body>
-<h1>Replication workbook ({html.escape(paths.name)})</h1>
+<h1>Replication workbook ({html.escape(paths.name)})</h1>{banner_html(caveat(profile, paths.name))}
 <p>Each notebook links to its executed HTML; click a figure for the full size. <a href="#ledger">Claims ledger</a>.</p>
 <h2>Notebooks and figures</h2>{''.join(sections) or '<p>(no executed notebooks yet)</p>'}
-<h2 id="ledger">Claims ledger</h2>{ledger_html(claims)}
+<h2 id="ledger">Claims ledger</h2>{ledger_html(claims, verdict_label(profile, paths.name))}
 </body></html>
 """
     return files.write_text(paths.report / "index.html", page)

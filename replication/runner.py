@@ -12,7 +12,7 @@ from pathlib import Path
 
 import nbformat
 
-from replication.core import config, console, files, params
+from replication.core import config, console, files, offline, params
 from replication.core.config import NOTEBOOKS, Paths, list_notebooks
 from . import __version__, report as report_mod
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes, for --set checks)
@@ -43,26 +43,68 @@ def select(only, folder: Path = NOTEBOOKS) -> list:
 
 
 def parameters(stem: str, profile: str, folder: Path = NOTEBOOKS, overrides: dict = None) -> dict:
-    """The notebook's parameters for a profile (notebooks/params/<stem>.json), then the one-off overrides (--set),
-    which must name parameters of the notebook's cell and pass its typed parameters' checks (params.build)."""
+    """The notebook's parameters for a profile (notebooks/params/<stem>.json), then those one-off overrides (--set)
+    that name parameters of its cell (run() checks that each names one in some selected notebook), checked by its
+    typed parameters (params.build); every model-valued parameter must be loadable without a download the profile
+    may not make (offline.model_problem)."""
     try:
         values = {"profile": profile, **params.profile_values(stem, profile, folder)}
     except ValueError as e:
         raise RunError(str(e)) from None
+    cell = params.cell_values(Path(folder) / f"{stem}.ipynb")
     if overrides:
-        cell = params.cell_values(Path(folder) / f"{stem}.ipynb")
-        for name in overrides:
-            if name == "profile":
-                raise RunError("--set profile=... is not allowed; pick the profile with --profile")
-            if name not in cell:
-                raise RunError(f"--set {name}=...: {stem} has no parameter {name!r}; its parameters: "
-                               f"{', '.join(n for n in cell if n != 'profile')}")
-        values.update(overrides)
+        if "profile" in overrides:
+            raise RunError("--set profile=... is not allowed; pick the profile with --profile")
+        values.update({k: v for k, v in overrides.items() if k in cell})
         try:
             params.build(stem, {**cell, **values})
         except ValueError as e:
             raise RunError(f"--set for {stem}: {e}") from None
+    for name, value in offline.model_parameters({**cell, **values}).items():
+        problem = offline.model_problem(value, profile)
+        if problem:
+            raise RunError(f"{name}={value!r} is not allowed for {stem}: {problem}")
     return values
+
+
+def override_scope(stems, folder: Path, overrides: dict) -> list:
+    """A --set name applies to the selected notebooks that have that parameter: an error when none has it, else one
+    line per name that some selected notebooks lack (it is not applied there)."""
+    if not overrides:
+        return []
+    cells = {stem: params.cell_values(Path(folder) / f"{stem}.ipynb") for stem in stems}
+    lines = []
+    for name in overrides:
+        have = [s for s in stems if name in cells[s]]
+        if not have:
+            known = "; ".join(f"{s}: {', '.join(n for n in cells[s] if n != 'profile')}" for s in stems)
+            raise RunError(f"--set {name}=...: no selected notebook has a parameter {name!r} (parameters of {known})")
+        if len(have) < len(stems):
+            lines.append(f"--set {name}: applied to {', '.join(have)}; not to "
+                         f"{', '.join(s for s in stems if s not in have)}, which have no parameter {name!r}")
+    return lines
+
+
+# The paper profile's settings (billions of parameters, the papers' batch sizes) need a GPU; on a CPU it refuses and
+# names the command that runs each notebook's experiment at the paper's scale (config.PAPER_SCALE, replication.scale).
+PAPER_ONLY_ON_GPU = ("paper",)
+
+
+def gpu_available() -> bool:
+    """Whether torch sees a CUDA device (torch is imported only here, for the paper profile)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def paper_refusal(stems, folder: Path) -> str:
+    """The one line the paper profile prints on a machine without a GPU."""
+    named = [f"{s[:2]}: python -m replication train {m} --config {c}" for s, (m, c) in config.PAPER_SCALE.items()
+             if s in stems]
+    return ("--profile paper needs a GPU (none is visible to torch here): it runs the notebooks at the papers' scale; "
+            + ("run the experiments at that scale with TRL instead, " + "; ".join(named) if named else
+               "the selected notebooks have no paper-scale training command")
+            + " (README, Running at paper scale); on a CPU use --profile default")
 
 
 def parse_sets(pairs) -> dict:
@@ -211,7 +253,11 @@ def run(profile: str = "default", only=None, force: bool = False, folder: Path =
     With one-off overrides (--set) everything goes to the run folder runs/<profile>-set-<hash>/."""
     config.check_choice("profile", profile, config.PROFILES)
     stems = select(only, folder)
-    for stem in stems:  # check every override before executing anything
+    if profile in PAPER_ONLY_ON_GPU and not gpu_available():
+        raise RunError(paper_refusal(stems, folder))
+    for line in override_scope(stems, folder, overrides):
+        log(line)
+    for stem in stems:  # check every notebook's parameters, overrides and models before executing anything
         parameters(stem, profile, folder, overrides)
     outcome = {}
     for stem in stems:

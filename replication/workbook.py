@@ -8,7 +8,7 @@ import platform
 import time
 from pathlib import Path
 
-from replication.core import cache, config, files, figures, params, verdicts
+from replication.core import cache, config, console, files, figures, params, verdicts
 from replication.lm import loop
 from . import __version__
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes)
@@ -124,16 +124,6 @@ class Run:
         return dataclasses.asdict(self.params) if self.params is not None else None
 
 
-def quiet_warnings() -> None:
-    """Hide library warnings known to be harmless, here and nowhere else (workbook.start calls it in every notebook):
-    peft 0.21.2 reads transformers' deprecated `is_gradient_checkpointing` property whenever it wraps a model in LoRA
-    adapters, a FutureWarning about transformers v6 that no code of this package can act on. Every other warning
-    still shows."""
-    import warnings
-
-    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-
-
 def start(notebook: str, namespace: dict = None, *, profile: str = None, seed: int = None) -> Run:
     """Begin a notebook's run: build and validate its parameters from the parameters cell's names
     (`globals()`; the result is `run.params`), seed everything, set the figure style.
@@ -141,7 +131,7 @@ def start(notebook: str, namespace: dict = None, *, profile: str = None, seed: i
     In a run by hand the profile's values (notebooks/params/<notebook>.json) replace the cell's values of the
     parameters not set by hand, in `namespace` too (params.profile_changes); the runner injects them itself."""
     global _current
-    quiet_warnings()
+    console.quiet_warnings()
     cfg = None
     if namespace is not None:
         if not config.by_runner():

@@ -256,7 +256,7 @@ def test_one_off_overrides_go_to_a_run_folder_of_their_own(book, runs, tmp_path,
     # checked by the typed parameters, before anything runs
     with pytest.raises(runner.RunError, match=r"--set for 01_first: n=0 is not allowed"):
         runner.run("default", only="01", folder=book, overrides={"n": 0}, log=lambda *_: None)
-    with pytest.raises(runner.RunError, match=r"01_first has no parameter 'steps'; its parameters: seed, n"):
+    with pytest.raises(runner.RunError, match=r"no selected notebook has a parameter 'steps' \(parameters of 01_first: seed, n\)"):
         runner.run("default", only="01", folder=book, overrides={"steps": 3}, log=lambda *_: None)
     capsys.readouterr()
     for bad in (["--set", "n"], ["--set", "=3"], ["--set", "profile=smoke"]):
@@ -353,12 +353,12 @@ def test_executed_notebooks_carry_no_library_warnings(tmp_path, runs):
     no stderr block in an executed notebook; other warnings still show."""
     import warnings
 
-    from replication import workbook
+    from replication.core import console
     from replication.lm import models
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        workbook.quiet_warnings()
+        console.quiet_warnings()
         models.add_lora(models.tiny_model(seed=0)[0], r=2)
     assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
     folder = tmp_path / "notebooks"

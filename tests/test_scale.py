@@ -178,7 +178,7 @@ def test_rlpr_rewards_filter_advantages_and_loss_match_the_workbook(drop, tmp_pa
 
 
 def test_bad_config_names_the_parameter(tmp_path):
-    from replication.scale import train
+    from replication.scale import configs
 
     path = tmp_path / "c.yaml"
     for text, name in (("trl: {learning_rat: 1.0}", "trl.learning_rat"), ("elo-evolve: {temp: 1}", "elo-evolve.temp"),
@@ -186,20 +186,20 @@ def test_bad_config_names_the_parameter(tmp_path):
                        ("lora: {rank: 8}", "lora.rank"), ("elo-evolve: {judge: oracle}", "elo-evolve.judge")):
         path.write_text(text)
         with pytest.raises(ValueError, match=name.replace(".", r"\.")):
-            train.read_config("elo-evolve", path)
+            configs.read_config("elo-evolve", path)
     with pytest.raises(ValueError, match="method"):
-        train.read_config("ppo", path)
+        configs.read_config("ppo", path)
     path.write_text("rlpr: {baseline: fixed}")
     with pytest.raises(ValueError, match=r"rlpr\.baseline"):
-        train.read_config("rlpr", path)
+        configs.read_config("rlpr", path)
 
 
 @pytest.mark.parametrize("method", ["elo-evolve", "rlpr"])
 def test_paper_configs_hold_the_papers_settings(method, tmp_path):
-    from replication.scale import train
+    from replication.scale import configs
 
     path = config.ROOT / "configs" / "paper" / f"{method.replace('-', '_')}.yaml"
-    cfg = train.read_config(method, path, ["trl.gradient_accumulation_steps=64"])
+    cfg = configs.read_config(method, path, ["trl.gradient_accumulation_steps=64"])
     t = cfg["trl"]
     assert t["gradient_accumulation_steps"] == 64 and t["num_generations"] == 8 and t["learning_rate"] == 1e-6
     if method == "elo-evolve":
@@ -208,7 +208,7 @@ def test_paper_configs_hold_the_papers_settings(method, tmp_path):
     else:
         assert (t["beta"], t["epsilon_high"], cfg[method]["format_weight"], cfg[method]["baseline"]) == (0.0, 0.27, 0.1, "initial")
     with pytest.raises(ValueError, match="--set"):
-        train.read_config(method, path, ["trl.beta"])
+        configs.read_config(method, path, ["trl.beta"])
 
 
 def run(cmd, method, out, tmp_path, sets=()):
@@ -273,17 +273,17 @@ def test_train_command_on_two_processes_agrees_across_ranks(method, tmp_path):
 
 
 def test_missing_pool_file_is_made_from_the_opponent_models(tmp_path):
-    from replication.scale import train
+    from replication.scale import configs, train
 
     path, pool = tmp_path / "c.yaml", tmp_path / "pool.json"
     text = ("model: tiny\ndata: {{level: 1d-1step-add, n_train: 3}}\ntrl: {{temperature: 1.0}}\nelo-evolve: {{pool_file: "
             f"{pool}, pool_tokens: 4, ratings: {{{{a: 1400, b: 1600}}}}, opponent_models: {{{{a: tiny{{}}}}}}}}}}")
     path.write_text(text.format(""))
-    cfg = train.read_config("elo-evolve", path)
+    cfg = configs.read_config("elo-evolve", path)
     with pytest.raises(ValueError, match=r"elo-evolve\.opponent_models.*missing: b"):
         train.elo_pieces(cfg, *reversed(train.load(cfg)))
     path.write_text(text.format(", b: tiny"))
-    cfg = train.read_config("elo-evolve", path)
+    cfg = configs.read_config("elo-evolve", path)
     _, reward, _ = train.elo_pieces(cfg, *reversed(train.load(cfg)))
     made = json.loads(pool.read_text())
     assert sorted(made) == ["a", "b"] and all(len(v) == 3 and all(isinstance(x, str) for x in v) for v in made.values())
@@ -300,11 +300,11 @@ def test_each_paper_config_matches_its_notebooks_paper_profile_and_is_named_ther
 
     from replication import runner
     from replication.core import params
-    from replication.scale import train
+    from replication.scale import configs
 
-    stem = train.NOTEBOOKS[method]
+    stem = configs.NOTEBOOKS[method]
     path = f"configs/paper/{method.replace('-', '_')}.yaml"
-    cfg = train.read_config(method, config.ROOT / path)
+    cfg = configs.read_config(method, config.ROOT / path)
     profile = {**params.cell_values(runner.NOTEBOOKS / f"{stem}.ipynb"), **params.profile_values(stem, "paper", runner.NOTEBOOKS)}
     assert cfg["model"] == profile["model"]
     lr = {"malt": ("dpo", "dpo_lr")}.get(method, ("trl", "lr"))

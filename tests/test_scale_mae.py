@@ -11,7 +11,7 @@ from replication.papers.mae import mae
 
 trl = pytest.importorskip("trl")
 trl_mae = pytest.importorskip("replication.scale.trl_mae")
-from replication.scale import train  # noqa: E402  (needs trl)
+from replication.scale import configs, train  # noqa: E402  (needs trl)
 
 TINY = config.ROOT / "configs" / "tiny" / "mae.yaml"
 QUESTION = "Tom has 4 apples and gets 3 more apples. How many apples does Tom have?</question>"
@@ -32,7 +32,7 @@ def mixed(call: int, prefill: str, texts: list) -> list:
 def mae_trainer(tmp_path, sets=()):
     """The train command's MAE trainer on the tiny config, its LoRA weights moved off zero, and its generate
     wrapped to give mixed rewards and record every call (for replay)."""
-    cfg = train.read_config("mae", TINY, [f"output_dir={tmp_path}", *sets])
+    cfg = configs.read_config("mae", TINY, [f"output_dir={tmp_path}", *sets])
     trainer, _, _ = train.build("mae", cfg)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -70,7 +70,7 @@ def test_mae_rewards_advantages_and_loss_match_the_workbook(tmp_path):
     out = trainer._generate_and_score_completions([])
     loss = trainer.compute_loss(trainer.model, out)
     # the workbook's own iteration on the same replies: rewards, per-role advantages, the joint update's loss
-    mcfg = train.mae_config(cfg)
+    mcfg = configs.mae_config(cfg)
     wb = mae.collect(replay(calls), mae.QuestionPool.from_problems(seeds), mcfg, 0)
     chunks = wb["chunks"]
     roles = [role for role, gen, rewards in chunks for _ in rewards]
@@ -138,7 +138,7 @@ def test_pool_state_round_trips_and_bad_settings_are_named(tmp_path):
                        ("mae: {score_rule: first}", "score_rule"), ("data: {n_seed_questions: 0}", "data.n_seed_questions")):
         path.write_text(text)
         with pytest.raises(ValueError, match=name):
-            train.read_config("mae", path)
+            configs.read_config("mae", path)
     for sets, name in ((["trl.beta=0.04"], "trl.beta"), (["trl.loss_type=grpo"], "trl.loss_type")):
         with pytest.raises(ValueError, match=name.replace(".", r"\.")):
             mae_trainer(tmp_path, sets)
@@ -147,10 +147,10 @@ def test_pool_state_round_trips_and_bad_settings_are_named(tmp_path):
 def test_paper_config_holds_the_papers_settings():
     from replication.core import paper
 
-    cfg = train.read_config("mae", config.ROOT / "configs" / "paper" / "mae.yaml")
+    cfg = configs.read_config("mae", config.ROOT / "configs" / "paper" / "mae.yaml")
     P = paper.table("mae_settings").set_index("quantity")["value"].astype(float)
     t, m = cfg["trl"], cfg["mae"]
     assert (t["learning_rate"], t["beta"], t["temperature"], t["max_steps"]) == (P["lr"], P["kl_coef"], P["temperature"], P["steps"])
     assert (m["n_solve"], m["reference_ratio"], m["quality_threshold"]) == (P["n_solve"], P["reference_ratio"], P["quality_threshold"])
     assert m["proposals"] * 8 == P["batch_per_role"]  # per process, on 8 GPUs
-    assert train.mae_config(cfg).judge == "self" and t["loss_type"] == "dapo"
+    assert configs.mae_config(cfg).judge == "self" and t["loss_type"] == "dapo"

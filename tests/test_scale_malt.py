@@ -16,7 +16,7 @@ from replication.papers.malt import malt
 
 trl = pytest.importorskip("trl")
 trl_malt = pytest.importorskip("replication.scale.trl_malt")
-from replication.scale import train  # noqa: E402  (needs trl)
+from replication.scale import configs, train  # noqa: E402  (needs trl)
 
 TINY = config.ROOT / "configs" / "tiny" / "malt.yaml"
 ROLE = "refiner"  # the role with the most examples and pairs in the tiny trees
@@ -24,7 +24,7 @@ ROLE = "refiner"  # the role with the most examples and pairs in the tiny trees
 
 def setup(tmp_path):
     """The tiny config, its trees (the committed file: sampling them would fail here) and the refiner's data."""
-    cfg = train.read_config("malt", TINY, [f"output_dir={tmp_path}"])
+    cfg = configs.read_config("malt", TINY, [f"output_dir={tmp_path}"])
     tree = trl_malt.trees(cfg, lambda *a: pytest.fail("the committed tree file must match the tiny config"))
     sft, pairs = trl_malt.role_data(tree, cfg)[ROLE]
     assert len(sft) >= 2 and len(pairs) >= 2
@@ -92,7 +92,7 @@ def test_bad_malt_settings_are_named(tmp_path):
                        ("dpo: {betta: 1}", r"dpo\.betta"), ("trl: {beta: 0}", "config section")):
         path.write_text(text)
         with pytest.raises(ValueError, match=name):
-            train.read_config("malt", path)
+            configs.read_config("malt", path)
 
 
 def test_train_command_runs_sft_then_dpo_for_every_role(tmp_path):

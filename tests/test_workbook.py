@@ -14,9 +14,10 @@ from replication.core.figures import savefig
 def test_run_record_and_figures(runs):
     run = workbook.start("07_example", profile="smoke", seed=3)
     plt.plot([1, 2])
-    paths = savefig("07a_example_line", "A line.")
+    assert savefig("07a_example_line", "A line.") is None   # a cell ending with savefig echoes no paths
     # not started by the runner: a run by hand, whose outputs go to the scratch run folder only
-    assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.parent == runs / "smoke-scratch/figures" for p in paths)
+    assert all((runs / "smoke-scratch/figures" / f"07a_example_line.{x}").is_file() for x in ("png", "pdf"))
+    assert run.figures[-1]["files"] == ["07a_example_line.png", "07a_example_line.pdf"]
     assert run.metrics_path == runs / "smoke-scratch/metrics/07_example.json"
     with pytest.raises(ValueError, match="name="):
         savefig("08a_wrong_notebook", "x")

@@ -42,6 +42,14 @@ def list_notebooks(folder: Path = NOTEBOOKS) -> list:
     return sorted(p.stem for p in Path(folder).glob("[0-9][0-9]_*.ipynb"))
 
 
+# Each training notebook's experiment at the paper's scale: the `train` command's method and its paper config
+# (replication.scale); the paper profile names these where it cannot run (no GPU).
+PAPER_SCALE = {"02_elo_dynamics": ("elo-evolve", "configs/paper/elo_evolve.yaml"),
+               "03_rlpr_debiasing": ("rlpr", "configs/paper/rlpr.yaml"),
+               "05_malt_trajectory_trees": ("malt", "configs/paper/malt.yaml"),
+               "06_multi_agent_evolve": ("mae", "configs/paper/mae.yaml")}
+
+
 # The runner names its run folder (under runs/) in this variable for the kernels it starts; a kernel without it
 # is a run by hand (papermill by hand, JupyterLab) and writes under runs/<profile>-scratch/ only.
 RUNNER_ENV = "REPLICATION_RUN_FOLDER"

@@ -23,6 +23,28 @@ def quiet() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+# Library warnings known to be harmless, each with why; quiet_warnings() hides these and nothing else.
+HARMLESS_WARNINGS = (
+    # peft 0.21.2 reads transformers' deprecated `is_gradient_checkpointing` whenever it wraps a model in LoRA
+    # adapters; the TRL path (transformers 5.23's Trainer) also calls the deprecated `gradient_checkpointing`
+    # argument and the `gradient_checkpointing_enable` / `_disable` methods. All are FutureWarnings about transformers
+    # v6 that no code of this package can act on (they come from inside peft, TRL and transformers).
+    "`is_gradient_checkpointing` is deprecated",
+    "`gradient_checkpointing` is deprecated",
+    "`gradient_checkpointing_enable` is deprecated",
+    "`gradient_checkpointing_disable` is deprecated",
+)
+
+
+def quiet_warnings() -> None:
+    """Hide the library warnings known to be harmless (HARMLESS_WARNINGS), here and nowhere else: workbook.start
+    calls it in every notebook, the `train` command at its start. Every other warning still shows."""
+    import warnings
+
+    for message in HARMLESS_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+
+
 def heading(cell) -> str:
     """The first Markdown heading of a cell, without its #s ('' for none)."""
     if cell.get("cell_type") != "markdown":

@@ -22,8 +22,9 @@ def use_style() -> None:
                          "axes.titlesize": "medium", "pdf.fonttype": 42})
 
 
-def savefig(name: str, caption: str, fig=None) -> list:
-    """Save the current (or given) figure as <figures>/<name>.png/.pdf and record it with its caption."""
+def savefig(name: str, caption: str, fig=None) -> None:
+    """Save the current (or given) figure as <figures>/<name>.png/.pdf and record it with its caption. Returns
+    nothing, so a notebook cell that ends with it shows no output (the paths are in the run's metrics)."""
     run = _run
     if run is None:
         raise RuntimeError("no run started; call replication.workbook.start(notebook, globals()) first")
@@ -40,4 +41,3 @@ def savefig(name: str, caption: str, fig=None) -> list:
         paths.append(path)
     run.figures = [f for f in run.figures if f["name"] != name]
     run.figures.append({"name": name, "files": [p.name for p in paths], "caption": caption})
-    return paths

