@@ -64,6 +64,37 @@ def paired_bootstrap(a, b, n_boot: int = 2000, seed: int = 0, alpha: float = 0.0
     return bootstrap(lambda x: x.mean(), a - b, groups=groups, n_boot=n_boot, seed=seed, alpha=alpha)
 
 
+# ---- training comparisons over seeds -------------------------------------------------------------------
+
+def two_level_bootstrap(diffs, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05, questions: bool = True):
+    """(mean, low, high) of a seeds x questions array of paired differences (arm a minus arm b, the same training
+    seed and the same held-out question), with an interval that covers both sources of spread: each draw resamples
+    the seeds with replacement, then, within each drawn seed, its questions with replacement (questions=False: the
+    seeds only, the interval over per-seed means). One seed gives the one-level interval over questions."""
+    d = np.asarray(diffs, dtype=float)
+    if d.ndim != 2 or not d.size:
+        raise ValueError("diffs must be a non-empty seeds x questions array of paired differences")
+    n_seeds, n_questions = d.shape
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
+    if questions:
+        rows = rng.integers(0, n_questions, size=(n_boot, n_seeds, n_questions))
+        draws = d[picks[..., None], rows].mean(axis=(1, 2))
+    else:
+        draws = d.mean(axis=1)[picks].mean(axis=1)
+    lo, hi = np.quantile(draws, [alpha / 2, 1 - alpha / 2])
+    return float(d.mean()), float(lo), float(hi)
+
+
+def probability_of_improvement(x, y) -> float:
+    """P(X > Y) + P(X = Y) / 2 over every pair of a run of X and a run of Y (the Mann-Whitney statistic; Agarwal
+    et al. 2021): x, y the per-seed scores of two arms."""
+    x, y = np.asarray(x, dtype=float)[:, None], np.asarray(y, dtype=float)[None, :]
+    if not x.size or not y.size:
+        raise ValueError("x and y must each hold at least one run's score")
+    return float(np.mean((x > y) + 0.5 * (x == y)))
+
+
 # ---- ranking: AUC and ROC --------------------------------------------------------------------------
 
 def auc(scores, labels) -> float:
