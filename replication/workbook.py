@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from replication.core import cache, config, console, files, figures, params, verdicts
-from replication.lm import loop
+from replication.lm import loop, models
 from . import __version__
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes)
 
@@ -141,6 +141,8 @@ def start(notebook: str, namespace: dict = None, *, profile: str = None, seed: i
             namespace.update(changes)
         cfg = params.build(notebook, namespace)
         profile, seed = cfg.profile, cfg.seed
+        if getattr(cfg, "device", None) is not None:
+            models.use_device(cfg.device)   # where this notebook's models run (the CPU here: nothing changes)
     run = Run(notebook, "default" if profile is None else profile, 0 if seed is None else seed, cfg)
     config.set_seed(run.seed)
     figures.use_style()

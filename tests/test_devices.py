@@ -51,3 +51,61 @@ def test_inputs_are_built_on_the_models_device(path, monkeypatch):
         assert "device" not in str(e) or "meta" in str(e).split("device")[0], e
     assert seen, "the path must reach the model"
     assert set(seen) == {"meta"}, f"{path}: inputs on {sorted(set(seen) - {'meta'})}, the model on meta"
+
+
+# ---- the notebooks' `device` parameter -------------------------------------------------------------------
+
+def test_use_device_resolves_and_names_a_device_it_cannot_use(monkeypatch):
+    monkeypatch.setattr(models, "_device", models._device)          # restored after the test
+    assert models.use_device("cpu") == torch.device("cpu")
+    assert models.use_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device='gpu' is not allowed; use auto, cpu, cuda or cuda:N"):
+        models.use_device("gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device='cuda:1' is not allowed here: torch sees 0 CUDA device"):
+            models.use_device("cuda:1")
+
+
+def test_load_model_puts_the_model_on_the_device_set(monkeypatch):
+    """No second device here: the device is set to `meta` directly, as use_device would set cuda."""
+    monkeypatch.setattr(models, "_device", torch.device("meta"))
+    model, _ = models.load_model("smollm2-135m-instruct")
+    assert {p.device.type for p in model.parameters()} == {"meta"} and models.device_of(model).type == "meta"
+
+
+def test_advantages_follow_the_rollouts_device():
+    """GRPO's and MAE's advantages are built where the rollout's tensors are (rewards come from Python lists)."""
+    from replication.lm import grpo
+    from replication.papers.mae import mae
+
+    mask = torch.ones(4, 3, device="meta")
+    assert grpo.reinforce_pp_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), mask, ["a", "a", "b", "b"]).device.type == "meta"
+    with pytest.raises(RuntimeError, match="item"):   # reached the check that reads values: no device mismatch before it
+        mae.role_advantages([[1.0, 0.0], [0.5, 0.5]], [torch.ones(2, 3, device="meta"), torch.ones(2, 2, device="meta")],
+                            ["solver", "judge"])
+
+
+def test_every_notebook_takes_a_device_and_checks_it():
+    from replication import settings  # noqa: F401  (registers the classes)
+    from replication.core import config, params
+
+    for stem in config.list_notebooks():
+        cell = params.cell_values(config.NOTEBOOKS / f"{stem}.ipynb")
+        assert cell["device"] == "auto", stem
+        assert params.build(stem, {**cell, "device": "cuda:1"}).device == "cuda:1"
+        with pytest.raises(ValueError, match="device='gpu' is not allowed; use auto, cpu, cuda or cuda:N"):
+            params.build(stem, {**cell, "device": "gpu"})
+
+
+def test_the_gpu_profile_refuses_on_a_cpu_unless_asked_for_cpu_speed(monkeypatch, tmp_path):
+    from replication import runner
+
+    monkeypatch.setenv("REPLICATION_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setattr(runner, "gpu_available", lambda: False)
+    with pytest.raises(runner.RunError, match=r"--profile gpu needs a GPU .* add --set device=cpu"):
+        runner.run("gpu", only="01", log=lambda *_: None)
+    ran = []
+    monkeypatch.setattr(runner, "execute", lambda stem, *a, **k: ran.append((stem, a[0])) or "executed")
+    runner.run("gpu", only="01", overrides={"device": "cpu"}, report=False, log=lambda *_: None)
+    assert ran == [("01_noise_analysis", "gpu")]
+    assert runner.parameters("01_noise_analysis", "gpu", overrides={"device": "cpu"})["judge_questions"] == 200

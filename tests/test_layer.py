@@ -111,10 +111,11 @@ def test_loop_keeps_only_the_newest_checkpoints(tmp_path):
 # ---- parameters, paper numbers, seeds -------------------------------------------------------------------
 
 def cell_03():
-    return {"profile": "smoke", "seed": 0, "model": "m", "n_arithmetic": 4, "n_factual": 2, "samples": 2,
-            "temperature": 0.8, "max_new_tokens": 16, "batch_size": 8, "n_boot": 50, "level": "1d-1step-add", "shots": 1,
-            "styles": ["digits"], "n_train": 4, "n_heldout": 8, "steps": 2, "prompts_per_step": 2,
-            "group_size": 2, "rollout_dtype": "bfloat16", "lr": 1e-4, "lora_r": 8, "warmup_start": 0, "warmup_end": 1, "max_rollouts": 2,
+    return {"profile": "smoke", "seed": 0, "model": "m", "device": "auto", "n_arithmetic": 4, "n_factual": 2,
+            "samples": 2, "temperature": 0.8, "max_new_tokens": 16, "batch_size": 8, "n_boot": 50,
+            "level": "1d-1step-add", "shots": 1, "styles": ["digits"], "n_train": 4, "n_heldout": 8, "steps": 2,
+            "prompts_per_step": 2, "group_size": 2, "rollout_dtype": "bfloat16", "lr": 1e-4, "lora_r": 8,
+            "warmup_start": 0, "warmup_end": 1, "max_rollouts": 2,
             "variants": ["rlpr", "rlvr"]}
 
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from . import files
 
-PROFILES = ("smoke", "default", "paper")
+PROFILES = ("smoke", "default", "gpu", "paper")
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 

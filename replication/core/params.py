@@ -8,6 +8,7 @@ the notebook's cross-field rules, and raises a ValueError naming the parameter a
 import ast
 import dataclasses
 import json
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +16,11 @@ from pathlib import Path
 from . import config
 
 
-def p(minimum=None, low=None, high=None, choices=None, each=None):
-    """A field's rule: integer minimum, number range [low, high], a choice, or a rule for each list item."""
-    return field(metadata={"minimum": minimum, "low": low, "high": high, "choices": choices, "each": each})
+def p(minimum=None, low=None, high=None, choices=None, each=None, pattern=None):
+    """A field's rule: integer minimum, number range [low, high], a choice, a pattern (a regular expression the
+    whole string matches, with a description of what it allows), or a rule for each list item."""
+    return field(metadata={"minimum": minimum, "low": low, "high": high, "choices": choices, "each": each,
+                           "pattern": pattern})
 
 
 def _check(name: str, value, kind, rule: dict) -> None:
@@ -55,6 +58,10 @@ def _check(name: str, value, kind, rule: dict) -> None:
         config.check_range(name, value, low, high)
     if rule.get("choices") is not None:
         config.check_choice(name, value, tuple(rule["choices"]))
+    if rule.get("pattern") is not None:
+        regex, allowed = rule["pattern"]
+        if not re.fullmatch(regex, value):
+            raise ValueError(f"{name}={value!r} is not allowed; use {allowed}")
 
 
 @dataclass
@@ -85,6 +92,8 @@ class Params:
 
 
 MODEL = p()  # a model name known to replication.lm.models or a local checkpoint folder
+# where models run: CUDA when available (auto), the CPU, or a CUDA device (replication.lm.models.use_device)
+DEVICE = p(pattern=(r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N"))
 REGISTRY = {}  # notebook stem -> parameter class (filled by replication.settings)
 
 

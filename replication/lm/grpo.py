@@ -107,12 +107,12 @@ def reinforce_pp_advantages(rewards, mask, groups=None, token_kl=None, kl_coef: 
     if token_kl is not None:
         token_rewards = token_rewards - kl_coef * token_kl * mask
     last = (mask.sum(1) - 1).clamp(min=0).long()
-    token_rewards[torch.arange(len(rewards)), last] += rewards
+    token_rewards[torch.arange(len(rewards), device=mask.device), last] += rewards.to(mask.device)
     returns = token_rewards.flip(1).cumsum(1).flip(1) * mask
     labels = list(groups) if groups is not None else [0] * len(rewards)
     adv = torch.zeros_like(returns)
     for g in dict.fromkeys(labels):
-        idx = torch.tensor([i for i, x in enumerate(labels) if x == g])
+        idx = torch.tensor([i for i, x in enumerate(labels) if x == g], device=mask.device)
         x, m = returns[idx], mask[idx]
         mean = (x * m).sum() / m.sum().clamp(min=1.0)
         var = ((x - mean) ** 2 * m).sum() / m.sum().clamp(min=1.0)
@@ -189,7 +189,7 @@ class GRPOTrainer:
         rec = Recorder(len(completions))
         with self.timer("reward"):
             rewards = torch.tensor(self.reward_fn(rep(prompts), completions, rep(metadata), log_metric=rec.log_metric,
-                                                  log_extra=rec.log_extra), dtype=torch.float32)
+                                                  log_extra=rec.log_extra), dtype=torch.float32, device=c_ids.device)
         if rewards.shape != (len(completions),):
             raise ValueError(f"reward_fn returned {tuple(rewards.shape)} rewards for {len(completions)} completions")
         batch = Rollout(p_ids, p_mask, c_ids, c_mask, completions, rewards, G, metrics=rec.metrics, extras=rec.extras)
@@ -199,7 +199,8 @@ class GRPOTrainer:
             if cfg.kl_beta > 0:
                 with self.model.disable_adapter():
                     batch.ref_logps = self._logps(batch)
-        batch.zero_std = group_advantages(rewards, G)[1] if G > 1 else torch.zeros(len(rewards), dtype=torch.bool)
+        batch.zero_std = (group_advantages(rewards, G)[1] if G > 1
+                          else torch.zeros(len(rewards), dtype=torch.bool, device=rewards.device))
         if cfg.advantage == "group":
             batch.advantages = group_advantages(rewards, G, cfg.scale_rewards)[0]
         else:

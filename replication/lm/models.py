@@ -92,8 +92,29 @@ def verify(folder: Path) -> None:
                              f"recorded at conversion); {fix}")
 
 
+_device = torch.device("cpu")  # where load_model puts models: use_device (workbook.start sets the notebook's `device`)
+
+
+def use_device(spec: str = "auto") -> torch.device:
+    """Set where load_model puts models from now on: "auto" (CUDA when torch sees a device, else the CPU), "cpu",
+    "cuda" or "cuda:N". Every input the package builds for a model goes to that model's device (device_of), so
+    sampling, training, judges and evaluation follow. Returns the device."""
+    global _device
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec.startswith("cuda"):
+        index = int(spec.split(":")[1]) if ":" in spec else 0
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise ValueError(f"device={spec!r} is not allowed here: torch sees {torch.cuda.device_count()} CUDA "
+                             "device(s); use auto or cpu")
+    elif spec != "cpu":
+        raise ValueError(f"device={spec!r} is not allowed; use auto, cpu, cuda or cuda:N")
+    _device = torch.device(spec)
+    return _device
+
+
 def load_model(name_or_path: str = "smollm2-135m-instruct", dtype=torch.float32):
-    """(model, tokenizer) from a known name, a local checkpoint folder or a hub id."""
+    """(model, tokenizer) from a known name, a local checkpoint folder or a hub id, on the device use_device set."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name_or_path in KNOWN_MODELS:
@@ -115,6 +136,8 @@ def load_model(name_or_path: str = "smollm2-135m-instruct", dtype=torch.float32)
                 f"rebuild it with: python -m replication install-model --rebuild"
             ) from e
         raise
+    if _device.type != "cpu":
+        model.to(_device)
     model.eval()
     return model, prepare_tokenizer(tok)
 

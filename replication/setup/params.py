@@ -1,13 +1,14 @@
 """Notebook 00's parameters: types, ranges and cross-field rules (the defaults live in its parameters cell)."""
 from dataclasses import dataclass
 
-from replication.core.params import MODEL, Params, notebook, p
+from replication.core.params import DEVICE, MODEL, Params, notebook, p
 from replication.lm import tasks
 
 @notebook("00_setup_and_baselines")
 @dataclass
 class Setup(Params):
     model: str = MODEL
+    device: str = DEVICE
     levels: list = p(each={"choices": tuple(tasks.LEVELS)})
     n_per_level: int = p()
     max_new_tokens: int = p()

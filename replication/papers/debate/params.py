@@ -2,7 +2,7 @@
 and the story levels and answer readings it chooses among."""
 from dataclasses import dataclass
 
-from replication.core.params import MODEL, Params, notebook, p
+from replication.core.params import DEVICE, MODEL, Params, notebook, p
 
 LEVELS = ("absent", "present")  # the distractor absent from the story, or present in a misleading role
 READINGS = ("likelihood", "letter")  # the judge's answer read as each answer's likelihood, or P(A) vs P(B)
@@ -12,6 +12,7 @@ READINGS = ("likelihood", "letter")  # the judge's answer read as each answer's 
 @dataclass
 class Debate(Params):
     model: str = MODEL
+    device: str = DEVICE
     level: str = p(choices=LEVELS)
     reading: str = p(choices=READINGS)
     check_questions: int = p()

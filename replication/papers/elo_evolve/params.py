@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 from typing import Optional
 
-from replication.core.params import MODEL, Params, notebook, p
+from replication.core.params import DEVICE, MODEL, Params, notebook, p
 from replication.lm import tasks
 
 JUDGES = ("likelihood", "quality", "llm")  # Elo-Evolve's training judges (judging.make_judge)
@@ -12,6 +12,7 @@ STATIC_RULES = ("middle", "strongest", "weakest", "nearest")  # how the static a
 @dataclass
 class Noise(Params):
     model: str = MODEL
+    device: str = DEVICE
     n_boot: int = p()
     n_sim_datasets: int = p()
     sim_boot: int = p()
@@ -35,6 +36,7 @@ class EloDynamics(Params):
     degrade_to: float = p(low=0.0, high=1e5)
     sliders: bool = p()
     model: str = MODEL
+    device: str = DEVICE
     level: str = p(choices=tuple(tasks.LEVELS))
     shots: int = p(minimum=0)
     n_train: int = p()

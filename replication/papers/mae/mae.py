@@ -98,7 +98,7 @@ def role_advantages(rewards, masks, roles) -> list:
     T = max(m.shape[1] for m in masks)
     pad = lambda m: torch.nn.functional.pad(m.float(), (0, T - m.shape[1]))  # noqa: E731
     labels = [r for r, m in zip(roles, masks) for _ in range(len(m))]
-    flat = torch.cat([torch.as_tensor(r, dtype=torch.float32) for r in rewards])
+    flat = torch.cat([torch.as_tensor(r, dtype=torch.float32, device=masks[0].device) for r in rewards])
     adv = grpo.reinforce_pp_advantages(flat, torch.cat([pad(m) for m in masks]), labels)
     for role in set(labels):  # a role with equal rewards has zero advantage (exactly, not up to rounding)
         idx = torch.tensor([j for j, x in enumerate(labels) if x == role])

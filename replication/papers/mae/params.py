@@ -1,7 +1,7 @@
 """Notebook 06's parameters: types, ranges and cross-field rules (the defaults live in its parameters cell)."""
 from dataclasses import dataclass
 
-from replication.core.params import MODEL, Params, notebook, p
+from replication.core.params import DEVICE, MODEL, Params, notebook, p
 from replication.lm import tasks
 from . import mae_scores
 
@@ -9,6 +9,7 @@ from . import mae_scores
 @dataclass
 class MAE(Params):
     model: str = MODEL
+    device: str = DEVICE
     seed_level: str = p(choices=tuple(tasks.LEVELS))
     shots: int = p(minimum=0)
     n_seed_questions: int = p()

@@ -1,13 +1,14 @@
 """Notebook 05's parameters: types, ranges and cross-field rules (the defaults live in its parameters cell)."""
 from dataclasses import dataclass
 
-from replication.core.params import MODEL, Params, notebook, p
+from replication.core.params import DEVICE, MODEL, Params, notebook, p
 from replication.lm import tasks
 
 @notebook("05_malt_trajectory_trees")
 @dataclass
 class MALT(Params):
     model: str = MODEL
+    device: str = DEVICE
     level: str = p(choices=tuple(tasks.LEVELS))
     shots: int = p(minimum=0)
     n_branch: int = p()

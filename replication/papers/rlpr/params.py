@@ -1,13 +1,14 @@
 """Notebook 03's parameters: types, ranges and cross-field rules (the defaults live in its parameters cell)."""
 from dataclasses import dataclass
 
-from replication.core.params import MODEL, Params, notebook, p
+from replication.core.params import DEVICE, MODEL, Params, notebook, p
 from replication.lm import tasks
 
 @notebook("03_rlpr_debiasing")
 @dataclass
 class RLPR(Params):
     model: str = MODEL
+    device: str = DEVICE
     n_arithmetic: int = p(minimum=0)
     n_factual: int = p(minimum=0)
     samples: int = p(minimum=2)
