@@ -28,10 +28,10 @@ from .rollout import Rollout
 LORA_R = 16
 CONFIGS = {
     # the benchmark config: long sampled replies, a cheap reward, KL on
-    "benchmark": {"level": "2d-1step-add", "prompts": 4, "G": 8, "max_new_tokens": 48, "kl_beta": 0.04,
+    "benchmark": {"level": "2d-1step-add", "prompts_per_step": 4, "group_size": 8, "max_new_tokens": 48, "kl_beta": 0.04,
                   "temperature": 1.0, "top_p": 1.0, "reward": "length"},
     # the workbook's real runs: short replies at the notebooks' rollout temperature, the exact verifier
-    "workbook": {"level": "1d-1step-add", "prompts": 4, "G": 8, "max_new_tokens": 32, "kl_beta": 0.0,
+    "workbook": {"level": "1d-1step-add", "prompts_per_step": 4, "group_size": 8, "max_new_tokens": 32, "kl_beta": 0.0,
                  "temperature": 0.7, "top_p": 1.0, "reward": "verifier"},
 }
 
@@ -57,7 +57,7 @@ def reward_fn(kind: str):
 
 
 def problems(cfg: dict):
-    return tasks.make_level(cfg["level"], cfg["prompts"], seed=0)
+    return tasks.make_level(cfg["level"], cfg["prompts_per_step"], seed=0)
 
 
 def peak_gb() -> float:
@@ -70,8 +70,8 @@ def ours(model_name: str, cfg: dict, reps: int, rollout_dtype: str = "float32", 
     torch.manual_seed(0)
     model, tok = models.load_model(model_name)
     model = models.add_lora(model, r=LORA_R, alpha=2 * LORA_R)
-    gcfg = grpo.GRPOConfig(num_generations=cfg["G"], max_new_tokens=cfg["max_new_tokens"], kl_beta=cfg["kl_beta"], lr=1e-5,
-                           temperature=cfg["temperature"], top_p=cfg["top_p"], rollout_dtype=rollout_dtype,
+    gcfg = grpo.GRPOConfig(num_generations=cfg["group_size"], max_new_tokens=cfg["max_new_tokens"], kl_beta=cfg["kl_beta"],
+                           lr=1e-5, temperature=cfg["temperature"], top_p=cfg["top_p"], rollout_dtype=rollout_dtype,
                            update_dtype=update_dtype, length_buckets=length_buckets)
     trainer = grpo.GRPOTrainer(model, tok, reward_fn(cfg["reward"]), gcfg)
     probs = problems(cfg)
@@ -87,12 +87,13 @@ def ours(model_name: str, cfg: dict, reps: int, rollout_dtype: str = "float32", 
     seq = statistics.mean(r["completion_len"] for r in rows)
     # update FLOPs: forward (2N) + backward through the frozen weights (2N) per encoded token: each prompt once per
     # group (prompt sharing) and every completion token; attention and LoRA terms ignored
-    tokens = cfg["prompts"] * n_prompt + cfg["prompts"] * cfg["G"] * seq
+    tokens = cfg["prompts_per_step"] * n_prompt + cfg["prompts_per_step"] * cfg["group_size"] * seq
     n_params = sum(p.numel() for p in model.parameters())
     backward = statistics.mean(r["backward_s"] for r in rows)
     return {"step_s": [r["step_s"] for r in rows], "seq_len": seq, "prompt_len": n_prompt,
             "split": {k: statistics.mean(r.get(f"{k}_s", 0.0) for r in rows) for k in ("generation", "reward", "scoring", "backward")},
-            "completion_tokens": statistics.mean(r["completion_len"] * cfg["prompts"] * cfg["G"] for r in rows),
+            "completion_tokens": statistics.mean(r["completion_len"] * cfg["prompts_per_step"] * cfg["group_size"]
+                                                 for r in rows),
             "zero_std_frac": statistics.mean(r["zero_std_frac"] for r in rows),
             "update_flops": 4 * n_params * tokens / backward, "update_dtype": update_dtype, "peak_gb": peak_gb()}
 
@@ -125,7 +126,8 @@ def trl(model_name: str, cfg: dict, reps: int, bf16: bool = False) -> dict:
                             "answer": [p.answer for p in probs] * (reps + 1)})
     score = reward_fn(cfg["reward"])
     with tempfile.TemporaryDirectory() as out:
-        args = GRPOConfig(output_dir=out, per_device_train_batch_size=cfg["prompts"] * cfg["G"], num_generations=cfg["G"],
+        args = GRPOConfig(output_dir=out, per_device_train_batch_size=cfg["prompts_per_step"] * cfg["group_size"],
+                          num_generations=cfg["group_size"],
                           max_completion_length=cfg["max_new_tokens"], beta=cfg["kl_beta"], learning_rate=1e-5,
                           temperature=cfg["temperature"], top_p=cfg["top_p"], loss_type="grpo", epsilon=0.2,
                           max_steps=reps + 1, logging_steps=1, report_to=[], use_cpu=True, bf16=bf16,
@@ -178,7 +180,7 @@ def compare(name: str, model_name: str, reps: int, peak: dict, trl_bf16: bool = 
 
 def show(r: dict) -> None:
     c = r["settings"]
-    print(f"\n### {r['config']}: {c['level']}, {c['prompts']} prompts x G={c['G']}, {c['max_new_tokens']} new tokens, "
+    print(f"\n### {r['config']}: {c['level']}, {c['prompts_per_step']} prompts x G={c['group_size']}, {c['max_new_tokens']} new tokens, "
           f"T={c['temperature']}, top_p={c['top_p']}, KL beta={c['kl_beta']}, reward: {c['reward']}, LoRA r={LORA_R}")
     print("\n| trainer | median step (s) | steps (s) | mean completion length | zero-gradient groups | peak memory (GB) |")
     print("|---|---|---|---|---|---|")
@@ -204,7 +206,7 @@ def update_phase(model_name: str, cfg: dict, reps: int, dtypes=("float32", "bflo
     torch.manual_seed(0)
     model, tok = models.load_model(model_name)
     model = models.add_lora(model, r=LORA_R, alpha=2 * LORA_R)
-    G, T = cfg["G"], cfg["max_new_tokens"]
+    G, T = cfg["group_size"], cfg["max_new_tokens"]
     texts = models.chat_prompts(tok, [p.prompt() for p in problems(cfg)])
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     p_ids, p_mask = enc["input_ids"].repeat_interleave(G, 0), enc["attention_mask"].repeat_interleave(G, 0)
@@ -252,7 +254,7 @@ def main(argv=None) -> int:
         name = "benchmark" if args.config == "both" else args.config
         c = CONFIGS[name]
         print(f"{torch.get_num_threads()} threads, {args.reps} interleaved rounds after one warm-up; {name} config: "
-              f"{c['prompts']} prompts x G={c['G']}, {c['max_new_tokens']} completion tokens, KL beta={c['kl_beta']}")
+              f"{c['prompts_per_step']} prompts x G={c['group_size']}, {c['max_new_tokens']} completion tokens, KL beta={c['kl_beta']}")
         r = update_phase(args.model, c, args.reps)
         for phase in ("update", "update_cpu", "scoring", "scoring_cpu"):
             for d, xs in r[phase].items():
