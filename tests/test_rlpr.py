@@ -420,7 +420,7 @@ def test_health_check_and_arm_records():
     assert rlpr_training.health(rising, worse, base, n_boot=200)["failed"] == ["accuracy_ok"]
     short = step_rows(list(np.linspace(0.2, 0.6, 12)), lengths=[18.0] * 6 + [4.0] * 6)
     assert rlpr_training.health(short, good, base, n_boot=200)["failed"] == ["length_ok"]
-    terse = heldout_table([True] * 60 + [False] * 40, tokens=5)
+    terse = heldout_table([True] * 60 + [False] * 40, tokens=3)
     assert rlpr_training.health(rising, terse, base, n_boot=200)["failed"] == ["length_ok"]
     first, last = arms.thirds(10)
     assert first.sum() == last.sum() == 3 and first[:3].all() and last[-3:].all()

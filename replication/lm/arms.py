@@ -9,14 +9,16 @@ The health rule (`health`): an arm enters a comparison only when all three check
 - accuracy_ok: held-out accuracy is not below the lower end of the base model's Wilson 95% interval.
 - length_ok: the replies did not collapse: the held-out replies' mean length in tokens is at least MIN_LENGTH_RATIO x
   the base model's and, where the training replies' lengths are logged, the last third's mean is at least
-  MIN_LENGTH_RATIO x the first third's.
+  MIN_LENGTH_RATIO x the first third's. One third: a collapse seen here went from about 22 words to 5 (0.23), while
+  a model that learns to answer concisely ("3 + 4 = 7. The answer is 7.", 7 words) lands near half the base
+  model's length (notebook 02's default run: 0.49-0.52 in tokens, every arm at least twice as accurate as the base).
 """
 import numpy as np
 import pandas as pd
 
 from replication.core import config, stats
 
-MIN_LENGTH_RATIO = 0.5
+MIN_LENGTH_RATIO = 1 / 3
 RECORD_KEYS = ("arm", "steps", "samples", "n_heldout", "accuracy", "interval", "healthy", "failed_checks")
 CHECKS = ("learned", "accuracy_ok", "length_ok")
 
