@@ -108,7 +108,9 @@ class Run:
         return pd.DataFrame(self.claims, columns=CLAIM_COLUMNS)
 
     def finish(self) -> Path:
-        """Write the metrics record (metrics/<notebook>.json of the output folder) atomically and return its path."""
+        """Write the metrics record (metrics/<notebook>.json of the output folder) atomically; return where it is read
+        from: its path, or under the runner the run folder's metrics file it becomes once the runner promotes it (the
+        staged copy is removed then, so a notebook that prints the path never points at a removed file)."""
         record = {
             "notebook": self.notebook, "profile": self.profile, "seed": self.seed,
             "wall_time_s": round(time.perf_counter() - self.t0, 2), "package_version": __version__,
@@ -116,7 +118,8 @@ class Run:
             "figures": self.figures, "claims": self.claims,
             "metrics": self.metrics,
         }
-        return files.write_json(self.metrics_path, record)
+        written = files.write_json(self.metrics_path, record)
+        return self.paths.metrics / written.name if config.by_runner() else written
 
     def _params_record(self):
         import dataclasses
