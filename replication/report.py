@@ -140,14 +140,13 @@ TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 VERDICT_COLOURS = {"reproduced": "#1b7f3b", "partly": "#1f5fa8", "inconclusive": "#a86b00",
                    "not reproduced": "#b3261e", "not tested": "#6b6b6b"}
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+CAVEAT_STYLE = ".caveat{background:#fff4d6;border:2px solid #a86b00;padding:.6em 1em;font-weight:bold;max-width:75em}"
 STYLE = """body{font-family:sans-serif;max-width:75em;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
 .figs{display:flex;flex-wrap:wrap;gap:1em}figure{width:22em;margin:0}figure img{width:100%;border:1px solid #ddd}
 figcaption{font-size:.85em}.badge{display:inline-block;padding:1px 8px;border-radius:1em;color:#fff;white-space:nowrap}
 .kind{display:inline-block;padding:1px 6px;border:1px solid #888;border-radius:3px;font-size:.85em;white-space:nowrap}
-""" + "{CAVEAT}"
-CAVEAT_STYLE = ".caveat{background:#fff4d6;border:2px solid #a86b00;padding:.6em 1em;font-weight:bold;max-width:75em}"
-STYLE = STYLE.replace("{CAVEAT}", CAVEAT_STYLE)
+""" + CAVEAT_STYLE
 
 
 def install_mathjax(report_dir: Path) -> Path:

@@ -185,12 +185,11 @@ def adapter_digest(model) -> str:
     return h.hexdigest()
 
 
-def train(method: str, config_path, sets=()) -> dict:
-    """Build, resume if asked, train, and write this process's rank<k>.json; returns that record."""
+def train(method: str, cfg: dict) -> dict:
+    """Build, resume if asked, train, and write this process's rank<k>.json; returns that record. cfg: read_config's."""
     import torch.distributed as dist
     from transformers.trainer_utils import get_last_checkpoint
 
-    cfg = read_config(method, config_path, sets)
     if method == "malt":
         from accelerate import PartialState
 
@@ -225,8 +224,9 @@ def main(argv=None) -> int:
     try:
         if not Path(args.config).is_file():
             raise ValueError(f"--config {args.config!r} is not a file")
-        out = Path(read_config(args.method, args.config, args.set)["output_dir"])  # every setting checked first
-        record = train(args.method, args.config, args.set)
+        cfg = read_config(args.method, args.config, args.set)  # every setting checked before anything is written
+        out = Path(cfg["output_dir"])
+        record = train(args.method, cfg)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
