@@ -72,20 +72,28 @@ class Run:
         return loop.RunFolder.keyed(self.cache / "training", name, key)
 
     def claim(self, claim: str, paper: str, measured: str, evidence: str, why: str, *, n=None, interval=None,
-              direction: int = +1, null: float = 0.0, effect: float = None, matches=None, holds: bool = None,
-              parts: dict = None, not_tested: str = None) -> dict:
+              direction: int = +1, null: float = 0.0, effect: float = None, estimate: float = None,
+              seed_differences=None, health: str = None, matches=None, holds: bool = None, parts: dict = None,
+              not_tested: str = None) -> dict:
         """Add one row to the claims ledger: the paper's number beside ours, the evidence behind it, and the
         verdict from the one rule (replication.core.verdicts): an interval decides alone; otherwise exactly one of
-        matches=(measured, paper, tolerance), holds=<a checked condition>, parts={...} or not_tested=<reason>."""
+        matches=(measured, paper, tolerance), holds=<a checked condition>, parts={...} or not_tested=<reason>.
+
+        A training comparison (lm.arms.compare's `basis`) also passes its estimate, its per-seed differences (one
+        seed: at most 'inconclusive', qualified 'one run') and `health`, a failed health check reported beside the
+        verdict. n: a count, or a text such as '3 seeds x 200 questions'."""
         config.check_choice("evidence", evidence, verdicts.EVIDENCE)
         basis = {k: v for k, v in {"matches": matches, "holds": holds, "parts": parts, "not_tested": not_tested}.items()
                  if v is not None}
         if interval is not None and ("holds" in basis or "not_tested" in basis):
             raise ValueError("an interval decides the verdict by itself; drop holds= / not_tested=")
+        if seed_differences is not None and interval is None:
+            raise ValueError("seed_differences= belongs to a training comparison; give its interval= too")
         if basis:
             verdict = verdicts.verdict(**basis)
         elif interval is not None:
-            verdict = verdicts.verdict(interval=interval, direction=direction, null=null, effect=effect)
+            verdict = verdicts.verdict(interval=interval, direction=direction, null=null, effect=effect,
+                                       seed_differences=seed_differences)
         else:
             raise ValueError(f"claim {claim!r} has no basis; give interval=, matches=, holds=, parts= or not_tested=")
         if parts is not None:
@@ -96,8 +104,12 @@ class Run:
             why = f"{why} ({verdicts.SIMULATION_NOTE})"
         if interval is not None:
             interval = [round(float(interval[0]), 6), round(float(interval[1]), 6)]
+        r6 = lambda x: None if x is None else round(float(x), 6)  # noqa: E731
         row = {"claim": claim, "paper": str(paper), "measured": str(measured), "verdict": verdict, "evidence": evidence,
-               "interval": interval, "n": None if n is None else int(n), "why": why}
+               "interval": interval, "n": None if n is None else (n if isinstance(n, str) else int(n)), "why": why,
+               "qualifier": verdicts.qualifier(seed_differences), "health": health or None,
+               "estimate": r6(estimate), "direction": direction, "null": null, "effect": r6(effect),
+               "seed_differences": None if seed_differences is None else [r6(x) for x in seed_differences]}
         self.claims = [c for c in self.claims if c["claim"] != claim] + [row]
         return row
 
@@ -105,7 +117,9 @@ class Run:
         """The ledger as a DataFrame, for the notebook's closing table."""
         import pandas as pd
 
-        return pd.DataFrame(self.claims, columns=CLAIM_COLUMNS)
+        table = pd.DataFrame(self.claims, columns=CLAIM_COLUMNS + ["qualifier", "health"])
+        table["verdict"] = [verdicts.label(c) for c in self.claims]
+        return table[CLAIM_COLUMNS]
 
     def finish(self) -> Path:
         """Write the metrics record (metrics/<notebook>.json of the output folder) atomically; return where it is read

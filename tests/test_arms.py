@@ -59,17 +59,46 @@ def test_record_has_one_key_set_and_an_untrained_arm_is_healthy():
     assert set(rec["health"]) == {"signal", "base_accuracy_low", "heldout_length_ratio", "train_length_ratio", *arms.CHECKS}
 
 
-def test_compare_pairs_by_question_and_names_failed_arms():
+def test_compare_pairs_by_question_and_reports_failed_arms_beside_the_measurement():
     base = pd.DataFrame({"qid": ["a", "b", "c", "d"], "correct": [0, 1, 0, 0]})
     better = pd.DataFrame({"qid": ["d", "c", "b", "a"], "correct": [0, 1, 1, 1]})   # same questions, other order
     records = {"base": arms.record("base", base["correct"]), "better": arms.record("better", better["correct"])}
     out = arms.compare("better", "base", {"base": base, "better": better}, records, n_boot=200)
-    assert out["difference"] == 0.5 and out["basis"] == {"interval": tuple(out["ci95"])} and out["failed"] == []
+    assert out["difference"] == 0.5 and out["failed"] == [] and out["n"] == "1 seed x 4 questions"
+    assert out["basis"] == {"interval": tuple(out["ci95"]), "estimate": 0.5, "seed_differences": [0.5], "health": None}
     records["better"] = {**records["better"], "healthy": False, "failed_checks": ["length_ok"]}
     out = arms.compare("better", "base", {"base": base, "better": better}, records, n_boot=200)
-    assert out["basis"] == {"not_tested": "not compared: failed health check: better (length_ok)"}
+    # the old rule turned this into not_tested; now the measurement stands and the failed check is named beside it
+    assert out["basis"]["health"] == "failed health check: better (length_ok)" and "interval" in out["basis"]
+    assert "not_tested" not in out["basis"] and out["failed"] == ["better"]
     with pytest.raises(ValueError, match="same questions"):
         arms.paired(base.iloc[:3], base)
+
+
+def test_compare_over_seeds_pairs_by_seed_and_question():
+    qid = list("abcdefgh")
+    base = pd.DataFrame({"qid": qid, "correct": [0, 0, 0, 0, 1, 1, 0, 0]})
+    arm = [pd.DataFrame({"qid": qid, "correct": c}) for c in ([1, 1, 0, 0, 1, 1, 0, 0], [1, 0, 0, 0, 1, 1, 1, 1],
+                                                                  [1, 1, 1, 0, 1, 1, 0, 0])]
+    other = [pd.DataFrame({"qid": qid[::-1], "correct": c[::-1]}) for c in ([0] * 8, [1] * 8, [0, 1] * 4)]
+    rec = lambda t, ok=True: {**arms.record("x", t["correct"]), "healthy": ok, "failed_checks": [] if ok else ["learned"]}  # noqa: E731
+    records = {"base": rec(base), "arm": [rec(t) for t in arm], "other": [rec(other[0]), rec(other[1], False), rec(other[2])]}
+    tables = {"base": base, "arm": arm, "other": other}
+    out = arms.compare("arm", "base", tables, records, n_boot=300, seed=1)
+    assert out["per_seed"] == pytest.approx([0.25, 0.375, 0.375]) and out["difference"] == pytest.approx(np.mean([0.25, 0.375, 0.375]))
+    assert out["n"] == "3 seeds x 8 questions" and out["probability_of_improvement"] == 1.0
+    diffs = np.array([t["correct"].to_numpy() - base["correct"].to_numpy() for t in arm], float)
+    assert out["ci95"] == pytest.approx(list(stats.two_level_bootstrap(diffs, n_boot=300, seed=1)[1:]))
+    vs = arms.compare("arm", "other", tables, records, n_boot=300)
+    assert vs["per_seed"] == pytest.approx([0.5, 0.625 - 1.0, 0.625 - 0.5]) and vs["failed"] == ["other"]
+    assert vs["basis"]["health"] == "failed health check: other seed 1 (learned)"
+    assert vs["probability_of_improvement"] == pytest.approx(np.mean([[a > b or (a == b) * 0.5 for b in (0, 1, 0.5)]
+                                                                      for a in (0.5, 0.625, 0.625)]))
+    with pytest.raises(ValueError, match="pair the same training seeds"):
+        arms.compare("arm", "other", {**tables, "other": other[:2]}, records)
+    assert arms.training_seeds(4, 3) == [4, 5, 6]
+    with pytest.raises(ValueError, match="seeds"):
+        arms.training_seeds(0, 0)
 
 
 def test_token_lengths_count_the_tokenizer_tokens(tiny):

@@ -164,6 +164,29 @@ def test_verdict_from_parts():
         verdicts.from_parts({})
 
 
+@pytest.mark.parametrize("interval, seeds, kw, expected", [
+    ((0.1, 0.3), [0.2], {}, "inconclusive"),                        # one training run: never more than inconclusive
+    ((-0.3, -0.1), [-0.2], {}, "inconclusive"),                     # ... in either direction (rounding flipped them)
+    ((0.1, 0.3), [0.2, 0.1, 0.25], {}, "reproduced"),               # every seed on the paper's side
+    ((0.01, 0.3), [0.2, -0.02, 0.25], {}, "inconclusive"),          # one seed against: not reproduced, not reproduced
+    ((-0.3, -0.1), [-0.2, -0.1, 0.05], {}, "not reproduced"),       # a measured harm stays a harm
+    ((-0.3, -0.1), [-0.2, -0.1, -0.3], {"direction": -1}, "reproduced"),
+    ((-0.3, -0.05), [-0.2, -0.1, 0.01], {"direction": -1}, "inconclusive"),
+    ((0.0, 0.2), [0.1, 0.1], {"effect": 0.28}, "not reproduced"),  # upper end below the paper's effect
+])
+def test_verdict_counts_the_seeds_of_a_training_comparison(interval, seeds, kw, expected):
+    assert verdicts.verdict(interval=interval, seed_differences=seeds, **kw) == expected
+    assert verdicts.qualifier(seeds) == ("one run" if len(seeds) == 1 else None) and verdicts.qualifier(None) is None
+
+
+def test_one_run_and_failed_health_show_beside_the_verdict():
+    row = {"verdict": "inconclusive", "qualifier": "one run", "health": "failed health check: a (learned)"}
+    assert verdicts.label(row) == "inconclusive (one run); failed health check: a (learned)"
+    assert verdicts.label({"verdict": "reproduced"}) == "reproduced"
+    with pytest.raises(ValueError, match="seed_differences"):
+        verdicts.verdict(interval=(0.1, 0.2), seed_differences=[0.1, float("nan")])
+
+
 @pytest.mark.parametrize("kw", [{}, {"interval": (0.1, 0.2), "holds": True},
                                 {"matches": (1.0, 1.0, 0.1), "parts": {"a": "reproduced"}}])
 def test_exactly_one_basis(kw):

@@ -11,6 +11,14 @@
   the row. With no part reproduced a compound claim is ``not reproduced`` if any part is, else ``inconclusive``.
 - ``not tested``: not run here, with the reason.
 
+A training comparison (arm a against arm b, each trained over several seeds) passes its per-seed differences
+(`seed_differences`) beside its two-level interval (seeds, then questions):
+- ``reproduced`` also needs every seed's difference to have the paper's sign (a seed against it is ``inconclusive``);
+- a single training run is at most ``inconclusive`` with the qualifier ``one run`` (reruns that changed only
+  floating-point rounding have flipped one-run verdicts both ways);
+- a failed health check of an arm is reported beside the verdict; it never turns a measured comparison into
+  ``not tested`` (a harm that was measured is ``not reproduced``, with the failed check named).
+
 Every claim also carries its evidence kind. A simulation shows only that a mechanism produces an effect
 under stated assumptions, and its rows say so.
 """
@@ -21,25 +29,46 @@ import numpy as np
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "partly", "not tested")
 EVIDENCE = ("arithmetic", "simulation", "real model")
 SIMULATION_NOTE = "simulation: the mechanism under stated assumptions, not the paper's system"
+ONE_RUN = "one run"
 
 
-def from_interval(low: float, high: float, direction: int = +1, null: float = 0.0, effect: float = None) -> str:
+def from_interval(low: float, high: float, direction: int = +1, null: float = 0.0, effect: float = None,
+                  seed_differences=None) -> str:
     """The rule for an estimated effect with a 95% interval [low, high] around it.
 
     direction: +1 if the paper reports the quantity above `null`, -1 if below. effect: the paper's effect
-    size on the same scale (distance from null, positive), when it is comparable."""
+    size on the same scale (distance from null, positive), when it is comparable. seed_differences: a training
+    comparison's per-seed differences (module docstring): one seed caps the verdict at 'inconclusive', and
+    'reproduced' needs every seed on the paper's side of null."""
     if direction not in (+1, -1):
         raise ValueError(f"direction={direction!r} is not allowed; use +1 (paper: above null) or -1 (below)")
     if math.isnan(low) or math.isnan(high) or low > high:
         raise ValueError(f"interval=[{low}, {high}] is not allowed; it needs low <= high (infinite bounds are fine)")
     lo, hi = sorted(((low - null) * direction, (high - null) * direction))
+    seeds = None if seed_differences is None else np.atleast_1d(np.asarray(seed_differences, float))
+    if seeds is not None and (not seeds.size or not np.all(np.isfinite(seeds))):
+        raise ValueError(f"seed_differences={list(seeds)} is not allowed; give one finite difference per training seed")
+    if seeds is not None and seeds.size == 1:  # one training run: rounding alone has flipped such verdicts
+        return "inconclusive"
     if lo == hi == 0:  # a zero-width interval at no effect: no item differed, so nothing to decide on
         return "inconclusive"
     if lo > 0:
-        return "reproduced"
+        return "reproduced" if seeds is None or bool(np.all((seeds - null) * direction > 0)) else "inconclusive"
     if hi <= 0 or (effect is not None and hi < abs(effect)):
         return "not reproduced"
     return "inconclusive"
+
+
+def qualifier(seed_differences=None):
+    """The verdict's qualifier shown beside it: 'one run' for a training comparison of one seed, else None."""
+    return ONE_RUN if seed_differences is not None and np.atleast_1d(seed_differences).size == 1 else None
+
+
+def label(row: dict) -> str:
+    """A ledger row's verdict as a reader sees it: the word, its qualifier ('inconclusive (one run)') and a failed
+    health check beside it."""
+    text = row["verdict"] + (f" ({row['qualifier']})" if row.get("qualifier") else "")
+    return text + (f"; {row['health']}" if row.get("health") else "")
 
 
 def from_match(measured, paper, tolerance) -> str:
@@ -67,11 +96,12 @@ def from_parts(parts: dict) -> str:
     return "not reproduced" if "not reproduced" in words else "inconclusive"
 
 
-def verdict(*, interval=None, direction: int = +1, null: float = 0.0, effect: float = None, matches=None,
-            holds: bool = None, parts: dict = None, not_tested: str = None) -> str:
+def verdict(*, interval=None, direction: int = +1, null: float = 0.0, effect: float = None, seed_differences=None,
+            matches=None, holds: bool = None, parts: dict = None, not_tested: str = None) -> str:
     """The verdict of one claim from exactly one kind of basis:
 
-    interval=(low, high)               an estimated effect (with direction, null and the paper's effect);
+    interval=(low, high)               an estimated effect (with direction, null, the paper's effect and, for a
+                                       training comparison, the per-seed differences);
     matches=(measured, paper, tol)     numbers recomputed from the paper's data, within its rounding;
     holds=True/False                   a stated, exactly checkable condition (arithmetic or simulation);
     parts={"name": verdict, ...}       a compound claim;
@@ -81,7 +111,7 @@ def verdict(*, interval=None, direction: int = +1, null: float = 0.0, effect: fl
     if len(given) != 1:
         raise ValueError(f"give exactly one basis for a verdict (interval, matches, holds, parts or not_tested); got {given or 'none'}")
     if interval is not None:
-        return from_interval(float(interval[0]), float(interval[1]), direction, null, effect)
+        return from_interval(float(interval[0]), float(interval[1]), direction, null, effect, seed_differences)
     if matches is not None:
         return from_match(*matches)
     if holds is not None:

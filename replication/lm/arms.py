@@ -99,19 +99,67 @@ def paired(a: pd.DataFrame, b: pd.DataFrame, column: str = "correct", on: str = 
     return both[f"{column}_a"].to_numpy(float), both[f"{column}_b"].to_numpy(float)
 
 
+def training_seeds(seed: int, seeds: int) -> list:
+    """The training seeds of a notebook's arms: seed, seed + 1, ..., seed + seeds - 1 (the first is the one-run
+    workbook's seed, so its cached runs are reused). Every arm trains once per seed; the held-out questions stay."""
+    config.check_int("seed", seed, minimum=0)
+    config.check_int("seeds", seeds, minimum=1)
+    return [seed + i for i in range(seeds)]
+
+
+def by_seed(value) -> list:
+    """An arm's per-seed values: a list or tuple as given (training seed i at position i), one value (an untrained
+    arm, or a one-seed run) as a list of one."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def failed_text(names, records: dict):
+    """'failed health check: a seed 1 (length_ok); b (learned)' for the named arms' failed seeds, or None."""
+    out = []
+    for x in names:
+        recs = by_seed(records[x])
+        for i, r in enumerate(recs):
+            if not r["healthy"]:
+                out.append(f"{x}{f' seed {i}' if len(recs) > 1 else ''} ({', '.join(r['failed_checks'])})")
+    return "failed health check: " + "; ".join(out) if out else None
+
+
 def compare(a: str, b: str, tables: dict, records: dict, column: str = "correct", on: str = "qid",
             n_boot: int = 2000, seed: int = 0) -> dict:
-    """Arm a minus arm b on the same held-out questions (mean of `column`, paired bootstrap over questions,
-    stats.paired_bootstrap) and run.claim's basis for it: interval= when both arms are healthy, else not_tested
-    naming the failed arm(s) and their failed checks. tables: arm -> held-out table; records: arm -> record()."""
-    d = stats.paired_bootstrap(*paired(tables[a], tables[b], column, on), n_boot=n_boot, seed=seed)
-    return {"pair": f"{a} - {b}", "difference": d[0], "ci95": [d[1], d[2]],
-            "failed": [x for x in (a, b) if not records[x]["healthy"]], "basis": basis((d[1], d[2]), records, (a, b))}
+    """Arm a minus arm b on the same held-out questions, over training seeds. tables: arm -> its held-out table, or
+    a list of them, one per training seed (the same seeds in the same order for every trained arm; an untrained arm
+    such as the base model: one table, paired with every seed); records: arm -> record() or a list of them.
+
+    The interval is stats.two_level_bootstrap's (seeds, then questions within a seed) over the seeds x questions
+    paired differences; beside it the per-seed differences, the probability of improvement over the per-seed means
+    (stats.probability_of_improvement) and run.claim's `basis`: interval, estimate, per-seed differences (one seed
+    caps the verdict at 'inconclusive (one run)') and any failed health check, reported beside the verdict (a
+    failed arm's comparison is still measured and judged)."""
+    ta, tb = by_seed(tables[a]), by_seed(tables[b])
+    if len(ta) != len(tb) and 1 not in (len(ta), len(tb)):
+        raise ValueError(f"{a} has {len(ta)} seeds and {b} {len(tb)}; pair the same training seeds")
+    n = max(len(ta), len(tb))
+    pairs = [paired(ta[i if len(ta) > 1 else 0], tb[i if len(tb) > 1 else 0], column, on) for i in range(n)]
+    diffs = np.array([x - y for x, y in pairs])
+    d = stats.two_level_bootstrap(diffs, n_boot=n_boot, seed=seed)
+    per_seed = diffs.mean(axis=1)
+    health_text = failed_text((a, b), records)
+    return {"pair": f"{a} - {b}", "difference": d[0], "ci95": [d[1], d[2]], "seeds": n, "questions": diffs.shape[1],
+            "n": f"{n} seed{'s' if n > 1 else ''} x {diffs.shape[1]} questions",
+            "per_seed": [float(x) for x in per_seed],
+            "probability_of_improvement": stats.probability_of_improvement([x.mean() for x, _ in pairs[:len(ta)]],
+                                                                          [y.mean() for _, y in pairs[:len(tb)]]),
+            "failed": [x for x in (a, b) if not all(r["healthy"] for r in by_seed(records[x]))],
+            "basis": {"interval": (d[1], d[2]), "estimate": d[0], "seed_differences": [float(x) for x in per_seed],
+                      "health": health_text}}
 
 
-def basis(interval, records: dict, names) -> dict:
-    """run.claim's basis for a difference between the named arms: interval= when every one is healthy, else
-    not_tested naming the failed arm(s) and their failed checks (a failed arm is reported, not compared)."""
-    failed = [x for x in names if not records[x]["healthy"]]
-    named = "; ".join(f"{x} ({', '.join(records[x]['failed_checks'])})" for x in failed)
-    return {"interval": tuple(interval)} if not failed else {"not_tested": f"not compared: failed health check: {named}"}
+def basis(interval, records: dict, names, estimate: float = None, seed_differences=None) -> dict:
+    """run.claim's basis for a difference between the named arms: the interval (with its estimate and per-seed
+    differences when given) and, beside it, any failed health check of the named arms (failed_text)."""
+    out = {"interval": tuple(interval), "health": failed_text(names, records)}
+    if estimate is not None:
+        out["estimate"] = estimate
+    if seed_differences is not None:
+        out["seed_differences"] = list(seed_differences)
+    return out
