@@ -2,18 +2,21 @@
 import html
 from pathlib import Path
 
-from replication.core import files
+from replication import forest
+from replication.core import files, verdicts
 from replication.core.config import NOTEBOOKS, Paths, list_notebooks
 
 
 def records(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> list:
     """Metrics records of the workbook's notebooks that have run in this profile (run folder `name`, by default
-    the profile's own), in order."""
+    the profile's own), in order; a notebook not run here is read from the metrics committed beside the figures
+    (figures/metrics/ for the default profile)."""
     paths = Paths(profile, name)
     out = []
-    for stem in list_notebooks(folder):
-        path = paths.metrics / f"{stem}.json"
-        if path.is_file():
+    for stem in list_notebooks(folder):  # the run folder's record, else the one committed beside the figures
+        path = next((p for p in (paths.metrics / f"{stem}.json", paths.figures / "metrics" / f"{stem}.json")
+                     if p.is_file()), None)
+        if path is not None:
             out.append(files.read_json(path))
     return out
 
@@ -45,9 +48,24 @@ def verdict_label(profile: str, name: str = None) -> str:
 LEDGER_COLUMNS = ("notebook", "claim", "paper", "measured", "verdict", "evidence", "interval", "n", "why")
 
 
+SHORT = 90  # characters of a long cell shown in the ledger's table; the full text is one click away
+
+
+def short(text: str, limit: int = SHORT) -> str:
+    """A long cell cut at a word before `limit` characters, with an ellipsis (unchanged when it fits)."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 1].rsplit(" ", 1)[0].rstrip(" ,;:(")
+    return cut + " …"
+
+
 def _cell(claim: dict, key: str) -> str:
-    """One ledger cell: intervals as [low, high], missing values as '-'."""
+    """One ledger cell: intervals as [low, high], the verdict with its qualifier and failed health check
+    (verdicts.label), missing values as '-'."""
     v = claim.get(key)
+    if key == "verdict":
+        return verdicts.label(claim)
     if v is None:
         return "-"
     if key == "interval":
@@ -85,8 +103,31 @@ def kept_rows(path: Path, stems, ran) -> dict:
     return kept
 
 
+LONG_COLUMNS = ("measured", "why")  # paragraphs: short in the table, in full in ledger.md
+
+
+def claim_anchor(claim: dict, i: int) -> str:
+    """The id of a claim's full entry in ledger.md (and the HTML report): its notebook number and place."""
+    return f"claim-{claim.get('notebook', '')[:2]}-{i}"
+
+
+def ledger_md(claims, profile: str) -> str:
+    """ledger.md: every claim in full (all fields, the long paragraphs too), one entry per claim under its anchor."""
+    out = [f"# Claims ledger in full ({profile} profile)", "",
+           "Written by `python -m replication run`; the table in README.md shows these cells cut short.", ""]
+    for i, c in enumerate(claims):
+        out += [f'<a id="{claim_anchor(c, i)}"></a>', f"### {c['notebook'][:2]}. {c['claim']}", "",
+                *[f"- **{k}**: {_md_cell(_cell(c, k))}" for k in LEDGER_COLUMNS[2:]]]
+        if c.get("seed_differences"):
+            out.append("- **per seed**: " + ", ".join(f"{x:+.3f}" for x in c["seed_differences"]))
+        out.append("")
+    return "\n".join(out)
+
+
 def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Path:
-    """Each figure with its notebook and caption, then the claims ledger of every notebook.
+    """The forest plot of every comparative claim (forest.plot), each figure with its notebook and caption, then
+    the claims ledger of every notebook with its long cells cut short (each claim links to its full entry in
+    ledger.md beside the index).
 
     Notebooks with no metrics here keep their rows from the existing index, so rerunning one notebook
     does not drop the others."""
@@ -94,6 +135,8 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
     stems = list_notebooks(folder)
     kept = kept_rows(index_path(profile, name), stems, recs)
     rows = {name: [] for name in _SECTIONS.values()}
+    claims = ledger([recs[s] for s in stems if s in recs])
+    anchors = {id(c): claim_anchor(c, i) for i, c in enumerate(claims)}
     for stem in stems:
         r = recs.get(stem)
         if r is None:
@@ -103,16 +146,28 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
         for f in r["figures"]:
             png = next((x for x in f["files"] if x.endswith(".png")), f["files"][0])
             rows["figures"].append(f"| [{f['name']}]({png}) | {r['notebook']} | {_md_cell(f['caption'])} |")
-        rows["claims"] += ["| " + " | ".join(_md_cell(_cell(c, k)) for k in LEDGER_COLUMNS) + " |" for c in ledger([r])]
+        for c in (c for c in claims if c["notebook"] == stem):
+            cells = [_md_cell(short(_cell(c, k)) if k in LONG_COLUMNS else _cell(c, k)) for k in LEDGER_COLUMNS]
+            cells[1] = f"[{cells[1]}](ledger.md#{anchors[id(c)]})"
+            rows["claims"].append("| " + " | ".join(cells) + " |")
         rows["times"].append(f"| {r['notebook']} | {r['seed']} | {r['wall_time_s']} |")
+    out_dir = index_path(profile, name).parent
+    plotted = forest.plot(claims, out_dir)
+    files.write_text(out_dir / "ledger.md", ledger_md(claims, profile))
     where = f"{profile} profile" + (f", one-off overrides in runs/{name}/" if name and name != profile else "")
     note = caveat(profile, name)
     head = [verdict_label(profile, name) if k == "verdict" else k for k in LEDGER_COLUMNS]
+    forest_lines = ([f"![every comparative claim]({next(f for f in plotted if f.endswith('.png'))})", "",
+                     "Every comparative claim: estimate, 95% interval, each training seed, the paper's effect where "
+                     "comparable, in the paper's direction (right of 0 is the paper's side; "
+                     f"[how to read it](../replication/forest.py)).", ""] if plotted else [])
     lines = [f"# Figures ({where})", "", *([f"> **{note}**", ""] if note else []),
              f"Written by `python -m replication run --profile {profile}`; do not edit by hand.", "",
-             "| figure | notebook | caption |", "|---|---|---|", *rows["figures"],
-             "", "## Claims ledger", "", "| " + " | ".join(head) + " |",
+             *forest_lines, "## Claims ledger", "",
+             "Long cells are cut short; click a claim for its full entry ([ledger.md](ledger.md)).", "",
+             "| " + " | ".join(head) + " |",
              "|" + "---|" * len(LEDGER_COLUMNS), *(rows["claims"] or ["| (no claims recorded yet) |" + " |" * (len(LEDGER_COLUMNS) - 1)]),
+             "", "## Figures", "", "| figure | notebook | caption |", "|---|---|---|", *rows["figures"],
              "", "| notebook | seed | wall time (s) |", "|---|---|---|", *rows["times"]]
     return files.write_text(index_path(profile, name), "\n".join(lines) + "\n")
 
@@ -229,10 +284,14 @@ def ledger_html(claims, verdict_header: str = "verdict") -> str:
 
     def cell(c, k):
         if k == "verdict":
-            return badge(c[k], VERDICT_COLOURS.get(c[k], "#444"))
+            extra = _cell(c, k)[len(c[k]):].lstrip("; ")
+            return badge(c[k], VERDICT_COLOURS.get(c[k], "#444")) + (f"<br><small>{html.escape(extra)}</small>" if extra else "")
         if k == "evidence":
             return badge(c[k])
-        return html.escape(_cell(c, k))
+        text = _cell(c, k)
+        if k in LONG_COLUMNS and short(text) != text:  # the full paragraph one click away
+            return f"<details><summary>{html.escape(short(text))}</summary>{html.escape(text)}</details>"
+        return html.escape(text)
 
     rows = "".join("<tr>" + "".join(f"<td>{cell(c, k)}</td>" for k in LEDGER_COLUMNS) + "</tr>" for c in claims)
     head = "".join(f"<th>{verdict_header if k == 'verdict' else k}</th>" for k in LEDGER_COLUMNS)
@@ -275,78 +334,16 @@ def write_html(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Path
         took = f" ({rec['wall_time_s']:.0f} s)" if "wall_time_s" in rec else ""
         sections.append(f'<h3 id="{stem}"><a href="{out.name}">{html.escape(stem)}</a>{took}</h3>{figures_html(rec, paths)}')
     claims = ledger([recs[s] for s in list_notebooks(folder) if s in recs])
+    plotted = [f for f in forest.plot(claims, paths.report / "figures") if f.endswith(".png")]
+    summary = (f'<p><a href="figures/{plotted[0]}"><img src="figures/{plotted[0]}" style="max-width:100%" '
+               f'alt="forest plot of every comparative claim"></a></p>' if plotted else "")
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Replication workbook: {html.escape(profile)}</title>
 <style>{STYLE}</style>{MATHJAX_FONTS}<script src="{MATHJAX_URL}"></script></head><body>
 <h1>Replication workbook ({html.escape(paths.name)})</h1>{banner_html(caveat(profile, paths.name))}
 <p>Each notebook links to its executed HTML; click a figure for the full size. <a href="#ledger">Claims ledger</a>.</p>
+{summary}
 <h2>Notebooks and figures</h2>{''.join(sections) or '<p>(no executed notebooks yet)</p>'}
 <h2 id="ledger">Claims ledger</h2>{ledger_html(claims, verdict_label(profile, paths.name))}
 </body></html>
 """
     return files.write_text(paths.report / "index.html", page)
-
-
-# ---- figure digests: which figures a run changed, and why ------------------------------------------
-
-# Figures that plot wall-clock measurements: they change on every run, and that is expected.
-TIMED_FIGURES = ("00b_generation_throughput",)
-REASONS = {"notebook": "code (the notebook)", "package": "code (the package)", "params": "parameters",
-           "data": "data (data/)", "machine": "the machine or its thread count"}
-
-
-def digests_path(profile: str, name: str = None) -> Path:
-    """digests.json beside the index: figures/digests.json for the default profile."""
-    return Paths(profile, name).figures / "digests.json"
-
-
-file_sha256 = files.sha256
-
-
-def why_changed(before: dict, parts: dict) -> list:
-    """The stamp parts (notebook, params, package, data, machine) that differ from the run recorded before."""
-    return [REASONS.get(k, k) for k in parts if before.get(k) != parts[k]]
-
-
-def record_digests(profile: str, stem: str, parts: dict, stamp: str, names, log=print, name: str = None) -> dict:
-    """Store the sha256 of each figure file a notebook wrote, with the stamp parts of the run that wrote it,
-    in digests.json (one entry per notebook; the others are kept), and log each figure whose digest changed
-    since the recorded run with the reason: the code (notebook or package), the parameters, data/, the machine
-    (CPU numerics depend on the thread count), or none of them: a determinism bug, logged loudly.
-    Returns {figure file: reason}."""
-    path = digests_path(profile, name)
-    book = files.read_json(path) if path.is_file() else {}
-    entries = book.get("notebooks", {})
-    old = entries.get(stem)
-    new = {n: file_sha256(Paths(profile, name).figures / n) for n in sorted(names)}
-    changed = {}
-    if old is not None:
-        causes = why_changed(old.get("parts", {}), parts)
-        for file, sha in new.items():
-            was = old["figures"].get(file)
-            if was == sha:
-                continue
-            if was is None:
-                changed[file] = "new figure"
-            elif causes:
-                changed[file] = "changed: " + ", ".join(causes)
-            elif Path(file).stem in TIMED_FIGURES:
-                changed[file] = "changed: it plots measured timings (expected)"
-            else:
-                changed[file] = "DETERMINISM BUG"
-        changed.update({n: "no longer written" for n in old["figures"] if n not in new})
-    for file, why in changed.items():
-        if why == "DETERMINISM BUG":
-            log(f"[{stem}] DETERMINISM BUG: {file} changed although the notebook, its parameters, the package, data/ "
-                f"and the machine did not: unseeded randomness, or a cache entry made by older code")
-        else:
-            log(f"[{stem}] figure {file}: {why}")
-    if old is None:
-        log(f"[{stem}] {len(new)} figure digests recorded in {path} (no earlier record to compare with)")
-    elif not changed:
-        log(f"[{stem}] all {len(new)} figure files identical to the recorded run")
-    entries[stem] = {"stamp": stamp, "parts": dict(parts), "figures": new}
-    files.write_json(path, {"about": "sha256 of each figure file and the stamp parts (digests of the notebook, its "
-                                     "parameters, the package source and data/; the machine) of the run that wrote "
-                                     "it; written by python -m replication run",
-                            "notebooks": dict(sorted(entries.items()))})
-    return changed

@@ -14,7 +14,7 @@ import nbformat
 
 from replication.core import config, console, files, offline, params
 from replication.core.config import NOTEBOOKS, Paths, list_notebooks
-from . import __version__, report as report_mod
+from . import __version__, digests, report as report_mod
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes, for --set checks)
 
 
@@ -156,22 +156,44 @@ def machine() -> str:
     return f"{platform.machine()}, threads {os.environ.get('OMP_NUM_THREADS') or f'default ({os.cpu_count()} cpus)'}"
 
 
+BF16_FLAGS = ("amx_bf16", "avx512_bf16", "avx_vnni")
+
+
+def cpu_bf16(cpuinfo: str = None) -> str:
+    """The CPU's bf16 instruction sets (from /proc/cpuinfo's flags: amx_bf16, avx512_bf16, avx_vnni), e.g.
+    'amx_bf16 avx512_bf16', or 'none'; 'unknown' where the flags cannot be read. bf16 matmuls round differently on
+    each (an AMX machine and an AVX-512 BF16 machine sample different replies from the same seed)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "unknown"
+    line = next((x for x in cpuinfo.splitlines() if x.startswith("flags")), None)
+    if line is None:
+        return "unknown"
+    flags = set(line.split(":", 1)[-1].split())
+    return " ".join(f for f in BF16_FLAGS if f in flags) or "none"
+
+
 def stamp_parts(stem: str, params: dict, folder: Path = NOTEBOOKS) -> dict:
-    """The stamp's parts one by one, and data/ and the machine: kept beside the figure digests to say why a
-    figure changed."""
+    """The stamp's parts one by one, and data/, the machine and the CPU's bf16 instruction sets: kept beside the
+    figure digests to say why a figure changed."""
     return {"notebook": files.digest((Path(folder) / f"{stem}.ipynb").read_bytes()), "params": files.digest(params),
-            "package": package_digest(), "data": data_digest(), "machine": machine()}
+            "package": package_digest(), "data": data_digest(), "machine": machine(), "cpu_bf16": cpu_bf16()}
 
 
 def promote(stem: str, paths: Paths, figure_files) -> None:
     """Move a notebook's figures, then its metrics, from the staging folder into place, file by file (each write
-    atomic); called only when the notebook succeeded."""
+    atomic); called only when the notebook succeeded. The metrics are also copied beside the figures
+    (figures/metrics/<stem>.json for the default profile, committed), so results can be diffed between versions."""
     staging = paths.staging(stem)
     for name in figure_files:
         if not (staging / "figures" / name).is_file():
             raise RunError(f"{stem}'s metrics name the figure file {name}, which it did not write under {staging}")
         files.write_bytes(paths.figures / name, (staging / "figures" / name).read_bytes())
-    files.write_bytes(paths.metrics / f"{stem}.json", (staging / "metrics" / f"{stem}.json").read_bytes())
+    metrics = (staging / "metrics" / f"{stem}.json").read_bytes()
+    files.write_bytes(paths.metrics / f"{stem}.json", metrics)
+    files.write_bytes(paths.figures / "metrics" / f"{stem}.json", metrics)  # committed with the default figures
     shutil.rmtree(staging)
 
 
@@ -244,7 +266,7 @@ def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = Fal
     partial.replace(paths.executed(stem))
     files.write_json(paths.state / f"{stem}.json", {"stamp": key, "params": params, "seconds": round(time.time() - t0, 1),
                                                     "outputs": paths.outputs(stem, written)})
-    report_mod.record_digests(profile, stem, parts, key, written, log, name=paths.name)
+    digests.record_digests(profile, stem, parts, key, written, log, name=paths.name)
     log(f"[{stem}] done in {time.time() - t0:.0f} s")
     return "executed"
 

@@ -5,7 +5,7 @@ The first run is the session's smoke run (conftest.smoke_run, whose outputs test
 the second goes into another folder, with another PYTHONHASHSEED for its kernels so that anything hanging on
 string-hash order shows up. Left out of the comparison, and nothing else:
 - the keys in TIMING_KEYS (with everything under them): wall-clock measurements and the interpreter's version;
-- the figures in report.TIMED_FIGURES (they plot timings).
+- the figures in digests.TIMED_FIGURES (they plot timings).
 """
 import json
 import math
@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from replication import report, runner
+from replication import digests, runner
 
 STEMS = runner.list_notebooks()
 
@@ -98,7 +98,7 @@ def test_same_config_gives_the_same_numbers(stem, smoke_run, second_run):
     a, b = (json.loads((r / "smoke/metrics" / f"{stem}.json").read_text()) for r in (first, second))
     diff = differences(a, b)
     assert not diff, f"{stem}: two runs of one config differ at {len(diff)} key(s):\n  " + "\n  ".join(diff[:40])
-    figs = [n for f in a["figures"] for n in f["files"] if n.rsplit(".", 1)[0] not in report.TIMED_FIGURES]
-    changed = [n for n in figs if report.file_sha256(first / "smoke/figures" / n) !=
-               report.file_sha256(second / "smoke/figures" / n)]
+    figs = [n for f in a["figures"] for n in f["files"] if n.rsplit(".", 1)[0] not in digests.TIMED_FIGURES]
+    changed = [n for n in figs if digests.file_sha256(first / "smoke/figures" / n) !=
+               digests.file_sha256(second / "smoke/figures" / n)]
     assert not changed, f"{stem}: the same config drew different figures: {changed}"

@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from replication import report
@@ -57,3 +58,49 @@ def test_every_committed_figure_is_in_the_index():
     files = {p.stem for p in folder.glob("*.png")}
     assert files == listed, f"not in the index: {sorted(files - listed)}; in the index, no file: {sorted(listed - files)}"
     assert {p.stem for p in folder.glob("*.pdf")} == files
+
+
+def claim_row(claim, verdict, interval, **kw):
+    return {"notebook": "03_x", "claim": claim, "paper": "p", "measured": "m", "verdict": verdict,
+            "evidence": "real model", "interval": interval, "n": "3 seeds x 200 questions", "why": "w", **kw}
+
+
+def test_forest_rows_are_in_the_papers_direction_with_seeds_and_effect():
+    from replication import forest
+
+    claims = [claim_row("up", "reproduced", [0.1, 0.3], estimate=0.2, seed_differences=[0.1, 0.2, 0.3], effect=0.28),
+              claim_row("down", "reproduced", [-0.3, -0.1], direction=-1, estimate=-0.2, seed_differences=[-0.2]),
+              claim_row("ratio", "inconclusive", [0.8, 1.5], null=1.0),
+              claim_row("no interval", "reproduced", None)]
+    rows = forest.rows(claims)
+    assert [r["label"] for r in rows] == ["03 up", "03 down", "03 ratio"]      # claims without an interval are left out
+    assert (rows[0]["low"], rows[0]["high"], rows[0]["estimate"], rows[0]["effect"]) == (0.1, 0.3, 0.2, 0.28)
+    assert rows[0]["seeds"] == [0.1, 0.2, 0.3] and rows[1]["seeds"] == []     # one seed: no seed dots
+    assert rows[1]["low"] == pytest.approx(0.1) and rows[1]["estimate"] == pytest.approx(0.2)   # flipped to the paper's side
+    assert rows[2]["low"] == pytest.approx(-0.2) and rows[2]["estimate"] == pytest.approx(0.15)  # midpoint, minus null
+
+
+def test_forest_plot_is_written_once_per_ledger(tmp_path):
+    from replication import forest
+
+    claims = [claim_row("a", "reproduced", [0.1, 0.3], seed_differences=[0.1, 0.2]),
+              claim_row("b", "not reproduced", [-0.5, float("-inf")][::-1], direction=-1)]
+    assert forest.plot(claims, tmp_path) == ["forest_plot.png", "forest_plot.pdf"]
+    first = (tmp_path / "forest_plot.png").read_bytes()
+    forest.plot(claims, tmp_path)
+    assert (tmp_path / "forest_plot.png").read_bytes() == first          # no timestamps: the same ledger, the same bytes
+    assert forest.plot([claim_row("c", "reproduced", None)], tmp_path / "none") == []
+
+
+def test_long_cells_are_cut_with_the_full_text_one_click_away():
+    long = "a measured sentence " * 10
+    row = claim_row("c", "inconclusive", [-0.1, 0.2], measured=long.strip(), qualifier="one run",
+                    health="failed health check: rlvr seed 1 (learned)")
+    assert report.short(long).endswith(" …") and len(report.short(long)) <= report.SHORT + 1
+    assert report.short("fits") == "fits"
+    page = report.ledger_html([row])
+    assert f"<details><summary>{report.short(long.strip())}</summary>{long.strip()}</details>" in page
+    assert "one run" in page and "rlvr seed 1 (learned)" in page
+    full = report.ledger_md([row], "default")
+    assert long.strip() in full and 'id="claim-03-0"' in full
+    assert "inconclusive (one run); failed health check: rlvr seed 1 (learned)" in full

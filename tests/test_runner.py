@@ -7,7 +7,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from replication import report, runner
+from replication import digests, report, runner
 from replication.core import config, params
 
 BODY = """
@@ -62,11 +62,14 @@ def test_success_writes_metrics_index_report_and_skips_on_rerun(book, runs, tmp_
 def test_index_keeps_rows_of_notebooks_that_ran_elsewhere(book, runs, tmp_path):
     runner.run("default", folder=book, log=lambda *_: None)
     full = (tmp_path / "figures/README.md").read_text()
-    (runs / "default/metrics/02_second.json").unlink()         # as on a machine where only 01 was rerun
+    (runs / "default/metrics/02_second.json").unlink()         # as on a machine where only 01 was rerun:
+    report.write_index("default", book)                         # 02's record is read from figures/metrics/
+    assert (tmp_path / "figures/README.md").read_text() == full
+    (tmp_path / "figures/metrics/02_second.json").unlink()      # no record at all: its rows are kept from the index
     report.write_index("default", book)
     assert (tmp_path / "figures/README.md").read_text() == full
     (runs / "default/metrics/01_first.json").unlink()
-    (tmp_path / "figures/README.md").write_text(full.replace("| 02_second | a line has n points |", "| 02_second | edited |"))
+    (tmp_path / "figures/README.md").write_text(full.replace("| 02_second | [a line has n points]", "| 02_second | edited | [a line has n points]"))
     report.write_index("default", book)
     again = (tmp_path / "figures/README.md").read_text()
     assert "| 02_second | edited |" in again and again.count("[02a_line]") == 1 and "| 01_first | 1 |" in again
@@ -137,10 +140,10 @@ def test_figure_digests_say_which_figures_changed_and_why(book, runs, tmp_path, 
         return [line for line in logs if "figure" in line or "DETERMINISM" in line]
 
     rerun()
-    digests = json.loads((tmp_path / "figures/digests.json").read_text())
-    entry = digests["notebooks"]["01_first"]
-    assert set(entry["parts"]) == {"notebook", "params", "package", "data", "machine"} and entry["stamp"]
-    assert entry["figures"] == {n: report.file_sha256(tmp_path / "figures" / n) for n in ("01a_line.pdf", "01a_line.png")}
+    book_of_digests = json.loads((tmp_path / "figures/digests.json").read_text())
+    entry = book_of_digests["notebooks"]["01_first"]
+    assert set(entry["parts"]) == {"notebook", "params", "package", "data", "machine", "cpu_bf16"} and entry["stamp"]
+    assert entry["figures"] == {n: digests.file_sha256(tmp_path / "figures" / n) for n in ("01a_line.pdf", "01a_line.png")}
     # the same notebook, parameters and package: byte-identical figures, said in one line per notebook
     assert rerun(force=True) == [f"[{s}] all 2 figure files identical to the recorded run" for s in ("01_first", "02_second")]
     # a parameter change re-executes and is named as the reason; the other notebook's digests are kept
@@ -155,18 +158,30 @@ def test_figure_digests_say_which_figures_changed_and_why(book, runs, tmp_path, 
     assert rerun(only="02") == [f"[02_second] figure 02a_line.{x}: changed: code (the notebook)" for x in ("pdf", "png")]
     bugs = rerun(only="02", force=True)
     assert len(bugs) == 2 and all(line.startswith("[02_second] DETERMINISM BUG: 02a_line.") for line in bugs), bugs
-    monkeypatch.setattr(report, "TIMED_FIGURES", ("02a_line",))  # a figure of timings may change: no alarm
+    monkeypatch.setattr(digests, "TIMED_FIGURES", ("02a_line",))  # a figure of timings may change: no alarm
     assert rerun(only="02", force=True) == [f"[02_second] figure 02a_line.{x}: changed: it plots measured timings (expected)"
                                             for x in ("pdf", "png")]
     parts = entry["parts"]
-    assert report.why_changed(parts, {**parts, "package": "other"}) == ["code (the package)"]
-    assert report.why_changed(parts, {**parts, "data": "other", "notebook": "x"}) == ["code (the notebook)", "data (data/)"]
-    assert report.why_changed(parts, {**parts, "machine": "arm64, threads 1"}) == ["the machine or its thread count"]
+    assert digests.why_changed(parts, {**parts, "package": "other"}) == ["code (the package)"]
+    assert digests.why_changed(parts, {**parts, "data": "other", "notebook": "x"}) == ["code (the notebook)", "data (data/)"]
+    assert digests.why_changed(parts, {**parts, "machine": "arm64, threads 1"}) == ["the machine or its thread count"]
+    # another CPU's bf16 kernels are named as such, not as code or a determinism bug
+    amx = {**parts, "cpu_bf16": "amx_bf16 avx512_bf16"}
+    assert digests.why_changed({**parts, "cpu_bf16": "avx512_bf16"}, amx) == [
+        "the CPU's bf16 instruction set (avx512_bf16 -> amx_bf16 avx512_bf16)"]
+    # the metrics are committed beside the figures, the same bytes as the run folder's
+    assert (tmp_path / "figures/metrics/02_second.json").read_bytes() == (runs / "default/metrics/02_second.json").read_bytes()
+
+
+def test_cpu_bf16_reads_the_flags():
+    flags = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    assert runner.cpu_bf16(flags) == "amx_bf16 avx512_bf16"
+    assert runner.cpu_bf16("flags : fpu avx2\n") == "none" and runner.cpu_bf16("model name: x\n") == "unknown"
 
 
 def snapshot(folder):
     """{file name: (bytes, mtime_ns)} of a folder (empty if it does not exist)."""
-    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.glob("*"))} if folder.is_dir() else {}
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.glob("*")) if p.is_file()} if folder.is_dir() else {}
 
 
 def quiet(**kw):
@@ -181,6 +196,7 @@ def test_by_hand_run_writes_scratch_only_and_runner_reruns_when_outputs_change(b
     import papermill as pm
 
     monkeypatch.delenv(config.RUNNER_ENV, raising=False)
+    monkeypatch.setattr(runner, "package_digest", lambda: "package")  # others may edit the package meanwhile
     runner.run("default", only="01", folder=book, log=lambda *_: None)
     figures, metrics = snapshot(tmp_path / "figures"), snapshot(runs / "default/metrics")
     assert "01a_line.png" in figures and "README.md" in figures and "01_first.json" in metrics
@@ -230,11 +246,12 @@ def test_results_are_world_readable(book, runs, tmp_path):
         runner.run("default", only="01", folder=book, log=lambda *_: None)
     finally:
         os.umask(old)
-    results = [*(tmp_path / "figures").iterdir(), runs / "default/metrics/01_first.json",
+    results = [*(p for p in (tmp_path / "figures").iterdir() if p.is_file()), tmp_path / "figures/metrics/01_first.json",
+               runs / "default/metrics/01_first.json",
                runs / "default/report/index.html", runs / "default/report/01_first.html",
                runs / "default/state/01_first.json", runs / "default/notebooks/01_first.ipynb"]
     assert {p.name for p in results} >= {"README.md", "digests.json", "01a_line.png", "01a_line.pdf"}
-    assert {p.name: oct(p.stat().st_mode & 0o777) for p in results} == {p.name: "0o644" for p in results}
+    assert {str(p): oct(p.stat().st_mode & 0o777) for p in results} == {str(p): "0o644" for p in results}
 
 
 @dataclass
