@@ -303,29 +303,84 @@ def test_accuracy_summary_uses_wilson_intervals():
     assert list(acc) == ["base generator (greedy)", "base generator", "base generator, vote of 3", "untrained G-V-R",
                          "after SFT", "after SFT + DPO (MALT)", "MALT, vote of 3", "MALT, local pooling"]
     p, lo, hi = stats.proportion_ci(2, 2)
-    assert acc["MALT, vote of 3"] == {"acc": p, "ci95": [lo, hi], "n": 2}
+    assert acc["MALT, vote of 3"] == {"acc": p, "ci95": [lo, hi], "n": 2, "seeds": 1, "per_seed": [1.0], "trained": True}
     assert acc["base generator"]["acc"] == 0.5 and acc["after SFT"]["acc"] == 0.5
+    assert not acc["base generator"]["trained"] and acc["after SFT"]["trained"]
 
 
-def test_paired_differences_come_from_the_paired_bootstrap():
-    diffs = malt_eval.paired_differences(ROWS, votes=3, n_boot=300, seed=4)
+def other_seed(rows):
+    """A second training seed: the trained variants' chains of their own (here every answer wrong), the base
+    generator's and the untrained chain's the same objects (they are drawn once)."""
+    return {k: ([{**r, "correct": 0, "final_answer": 9} for r in v] if k in malt_eval.TRAINED else v) for k, v in rows.items()}
+
+
+SEEDS = [ROWS, other_seed(ROWS)]
+
+
+def test_accuracy_over_seeds_is_two_level_for_trained_variants_and_wilson_for_the_rest():
+    acc = malt_eval.accuracy_summary(SEEDS, votes=3, n_boot=300, seed=2)
+    hits = np.array([[1.0, 1.0], [0.0, 0.0]])                         # MALT vote: seed 0 both right, seed 1 none
+    assert acc["MALT, vote of 3"] == {"acc": 0.5, "ci95": list(stats.two_level_bootstrap(hits, 300, 2)[1:]), "n": 2,
+                                      "seeds": 2, "per_seed": [1.0, 0.0], "trained": True}
+    p, lo, hi = stats.proportion_ci(1, 2)                                  # the base generator: one run, Wilson
+    assert acc["base generator"] == {"acc": p, "ci95": [lo, hi], "n": 2, "seeds": 1, "per_seed": [0.5], "trained": False}
+    np.testing.assert_array_equal(malt_eval.outcomes(SEEDS, "dpo"), [[1, 0], [0, 0]])
+    assert malt_eval.outcomes(SEEDS, "base").shape == (1, 2) and len(malt_eval.seed_chains(SEEDS, "untrained")) == 1
+
+
+def healthy_records(seeds=1, failed=()):
+    """records_by_arm of healthy arms over `seeds` training seeds; the arms in `failed` fail 'learned' in seed 0."""
+    recs = [[{"arm": a, "healthy": not (i == 0 and a in failed), "failed_checks": ["learned"] if i == 0 and a in failed else []}
+             for a in malt_eval.ARM_VARIANTS] for i in range(seeds)]
+    return malt_eval.records_by_arm(recs)
+
+
+def test_paired_differences_come_from_the_two_level_bootstrap():
+    diffs = malt_eval.paired_differences(ROWS, votes=3, records=healthy_records(), n_boot=300, seed=4)
     d = diffs["MALT vote vs base vote (3)"]
-    expected = stats.paired_bootstrap([1, 1], [0, 0], n_boot=300, seed=4)
-    assert (d["diff"], *d["ci95"]) == expected and d["n"] == 2 and np.isnan(d["relative"])   # base vote: 0
+    expected = stats.two_level_bootstrap([[1.0, 1.0]], n_boot=300, seed=4)
+    assert (d["diff"], *d["ci95"]) == expected and d["n"] == "1 seed x 2 questions" and np.isnan(d["relative"])
+    assert d["per_seed"] == [1.0] and d["basis"] == {"interval": expected[1:], "estimate": 1.0, "seed_differences": [1.0],
+                                                     "health": None}
     single = diffs["MALT vs base generator (single)"]
     assert single["diff"] == 0.0 and single["relative"] == 0.0
     assert diffs["SFT + DPO vs SFT (single)"]["relative"] == pytest.approx(0.0)
     assert diffs["global vs local pooling (single)"]["diff"] == pytest.approx(0.5)   # dpo [1, 0] vs local [0, 0]
 
 
+def test_paired_differences_pair_every_seed_with_the_shared_base_and_name_a_failed_health_check():
+    records = healthy_records(2, failed=("MALT (global pooling)",))
+    diffs = malt_eval.paired_differences(SEEDS, votes=3, records=records, n_boot=300, seed=4)
+    d = diffs["MALT vs base generator (single)"]            # MALT [1, 0] then [0, 0]; the base [0, 1] in both
+    expected = stats.two_level_bootstrap([[1.0, -1.0], [0.0, -1.0]], n_boot=300, seed=4)
+    assert (d["diff"], *d["ci95"]) == expected and d["n"] == "2 seeds x 2 questions"
+    assert d["per_seed"] == [0.0, -0.5] and d["probability_of_improvement"] == 0.25
+    assert d["basis"]["seed_differences"] == [0.0, -0.5] and "interval" in d["basis"] and "not_tested" not in d["basis"]
+    assert d["basis"]["health"] == "failed health check: MALT (global pooling) seed 0 (learned)"
+    assert d["relative"] == pytest.approx(0.25 / 0.5 - 1)
+    untrained = diffs["untrained G-V-R vs base generator (single)"]   # neither trains: one table each
+    assert untrained["n"] == "1 seed x 2 questions" and untrained["basis"]["health"] is None
+
+
 def test_flip_table_counts_mcnemar_and_change():
-    out = malt_eval.flip_table({"dpo": ROWS["dpo"]}, n_boot=300, seed=0)["dpo"]
+    out = malt_eval.flip_table(ROWS, ["dpo"], n_boot=300, seed=0)["dpo"]
     assert {k: out[k] for k in ("wrong_to_right", "right_to_wrong", "right_to_right", "wrong_to_wrong")} == \
         malt_eval.flips(ROWS["dpo"]) == {"wrong_to_right": 3, "right_to_wrong": 1, "right_to_right": 1, "wrong_to_wrong": 1}
     test = stats.mcnemar([r["g_correct"] for r in ROWS["dpo"]], [r["correct"] for r in ROWS["dpo"]])
     assert (test["gained"], test["lost"]) == (3, 1) and out["mcnemar_p"] == test["p_value"]
     assert out["change"] == pytest.approx(2 / 6) and out["chains"] == 6 and out["questions"] == 2
-    assert out["ci95"][0] <= out["change"] <= out["ci95"][1]
+    assert out["ci95"][0] <= out["change"] <= out["ci95"][1] and out["n"] == "1 seed x 2 questions"
+
+
+def test_flip_table_over_seeds_sums_counts_and_bootstraps_seeds_then_questions():
+    out = malt_eval.flip_table(SEEDS, ["dpo", "untrained"], n_boot=300, seed=0)
+    dpo = out["dpo"]                                   # seed 1: every final answer wrong
+    assert dpo["chains"] == 12 and dpo["seeds"] == 2 and dpo["n"] == "2 seeds x 2 questions"
+    assert dpo["wrong_to_right"] == 3 and dpo["right_to_wrong"] == 1 + 2
+    change = [[1 / 3, 1 / 3], [-1 / 3, -1 / 3]]        # seed 1: q0 has one right first answer of 3, q1 one of 3
+    assert dpo["per_seed"] == pytest.approx([1 / 3, -1 / 3])
+    assert (dpo["change"], *dpo["ci95"]) == pytest.approx(stats.two_level_bootstrap(change, n_boot=300, seed=0))
+    assert out["untrained"]["chains"] == 2 and out["untrained"]["seeds"] == 1      # drawn once
 
 
 def test_variant_chains_go_through_the_given_cache(tmp_path):
@@ -479,10 +534,19 @@ def test_arm_records_and_comparison_basis():
     assert by["after SFT"]["steps"] == 3 and by["after SFT"]["samples"] == 6
     assert by["MALT (global pooling)"]["steps"] == 6 and by["MALT (global pooling)"]["samples"] == 15
     d = {"ci95": [0.1, 0.3]}
-    assert malt_eval.comparison_basis(d, ["MALT (global pooling)"], arms) == {"interval": (0.1, 0.3)}
+    assert malt_eval.comparison_basis(d, ["MALT (global pooling)"], arms) == {"interval": (0.1, 0.3), "health": None}
     failed = [{**a, "healthy": False, "failed_checks": ["learned"]} if a["arm"] == "after SFT" else a for a in arms]
-    basis = malt_eval.comparison_basis(d, ["MALT (global pooling)", "after SFT"], failed)
-    assert list(basis) == ["not_tested"] and "after SFT (learned)" in basis["not_tested"]
+    basis = malt_eval.comparison_basis({**d, "diff": 0.2, "per_seed": [0.2]}, ["MALT (global pooling)", "after SFT"], failed)
+    assert basis == {"interval": (0.1, 0.3), "estimate": 0.2, "seed_differences": [0.2],
+                     "health": "failed health check: after SFT (learned)"}     # measured, the failed check beside it
+    by_arm = malt_eval.records_by_arm([arms, failed])                            # two training seeds
+    assert by_arm["base generator"] is arms[0] and by_arm["after SFT"] == [arms[2], failed[2]]
+    basis = malt_eval.comparison_basis(d, ["MALT (global pooling)", "after SFT"], by_arm)
+    assert basis["health"] == "failed health check: after SFT seed 1 (learned)" and basis["interval"] == (0.1, 0.3)
+    frame = malt_eval.records_frame(by_arm, [0, 1])
+    assert list(frame.index) == [("base generator", "-"), ("untrained G-V-R", "-")] + [
+        (a, s) for a in ("after SFT", "MALT (global pooling)", "MALT (local pooling)") for s in (0, 1)]
+    assert frame.loc[("after SFT", 1), "failed_checks"] == ["learned"]
 
 
 def test_sampling_copy_names_its_parameter():
@@ -555,3 +619,52 @@ def test_an_arm_takes_the_roles_it_shares_with_another_arm_and_trains_the_rest(t
             assert all(torch.equal(b[stage]["weights"][r][k], fresh[stage]["weights"][r][k]) for k in fresh[stage]["weights"][r])
     assert not all(torch.equal(b["dpo"]["weights"]["generator"][k], a["dpo"]["weights"]["generator"][k])
                    for k in a["dpo"]["weights"]["generator"])
+
+
+def test_a_training_seed_redraws_lora_a_and_keeps_every_role_at_the_base_model():
+    model, tok = _tiny_roles()
+    init = {r: malt.adapter_state(model, r) for r in malt.ROLES}
+    one, again, two = malt.seed_init(init, 1), malt.seed_init(init, 1), malt.seed_init(init, 2)
+    ids = torch.tensor([tok("hello there", add_special_tokens=False)["input_ids"]])
+    with malt.use_role(model, None):
+        base = _logits(model, ids)
+    for r in malt.ROLES:
+        a_keys = [k for k in init[r] if "lora_A" in k]
+        assert a_keys and all(torch.equal(one[r][k], again[r][k]) for k in init[r])           # seeded
+        assert all(not torch.equal(one[r][k], init[r][k]) and not torch.equal(one[r][k], two[r][k]) for k in a_keys)
+        assert all(torch.equal(one[r][k], init[r][k]) for k in init[r] if k not in a_keys)     # B: still zero
+        assert all(one[r][k].abs().max() <= one[r][k].shape[1] ** -0.5 for k in a_keys)      # peft's bound
+        malt.load_adapter_state(model, r, one[r])
+        with malt.use_role(model, r):
+            torch.testing.assert_close(_logits(model, ids), base)                          # B = 0: the base model
+    assert not torch.equal(one["generator"][a_keys[0]], one["verifier"][a_keys[0]])       # each role its own draw
+
+
+def test_training_sets_are_the_equal_budget_and_validation_cuts_of_a_seed():
+    tree = hand_tree()
+    sets, validation = malt.training_sets(tree, tree, max_sft=1, max_pairs=1, seed=3)
+    sft_by = {p: malt.sft_examples(tree, p) for p in malt.POOLINGS}
+    pairs_by = {p: malt.preference_pairs(tree, p) for p in malt.POOLINGS}
+    budget = (malt.equal_budget(sft_by, 1, config.derive_seed(3, "sft-subset")),
+              malt.equal_budget(pairs_by, 1, config.derive_seed(3, "dpo-subset")))
+    assert sets == {p: (budget[0][p], budget[1][p]) for p in malt.POOLINGS}
+    assert validation["global"][1] == {r: malt.subsample(x, 1, 3) for r, x in pairs_by["global"].items()}
+    assert all(len(x) <= 1 for p in malt.POOLINGS for part in sets[p] for x in part.values())
+
+
+def test_figures_show_each_training_seed():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    acc = malt_eval.accuracy_summary(SEEDS, votes=3, n_boot=100, seed=0)
+    fig, ax = plt.subplots()
+    malt_eval.plot_accuracy(acc, ax, ["C0"] * len(acc))
+    dots = [c for c in ax.collections if isinstance(c, matplotlib.collections.PathCollection)]
+    assert len(dots) == sum(a["trained"] for a in acc.values()) and all(len(c.get_offsets()) == 2 for c in dots)
+    logs = {r: {"sft": [{"loss": 1.0}, {"loss": 0.5}], "dpo": [{"loss": 0.7}]} for r in malt.ROLES}
+    trained = {s: {p: {"logs": logs} for p in malt.POOLINGS} for s in (0, 1, 2)}
+    fig, axes = plt.subplots(1, 2)
+    malt_eval.plot_losses(trained, axes, 0.1, "sft")
+    assert len(axes[0].lines) == 3 * len(malt.POOLINGS) * len(malt.ROLES)      # one line per seed, pooling and role
+    plt.close("all")

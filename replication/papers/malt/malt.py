@@ -1,5 +1,5 @@
 """MALT: generator -> verifier -> refiner chains, trajectory trees, value iteration, role-wise SFT then DPO
-(notebook 05's held-out protocol: malt_eval)."""
+(notebook 05's held-out protocol and figures: malt_eval)."""
 from collections import Counter
 from contextlib import contextmanager, nullcontext
 
@@ -208,6 +208,17 @@ def subsample(items, limit: int, seed: int = 0) -> list:
     return [items[i] for i in keep]
 
 
+def training_sets(tree, val_tree, max_sft: int, max_pairs: int, seed: int = 0) -> tuple:
+    """(sets, validation), each pooling -> (role -> SFT examples, role -> pairs): the training trees' items at an
+    equal budget per pooling (equal_budget, at most max_sft / max_pairs per role) and the validation trees' items,
+    each cut to the same limits (subsample), all seeded by `seed`."""
+    budget = [equal_budget({p: make(tree, p) for p in POOLINGS}, limit, config.derive_seed(seed, name))
+              for make, limit, name in ((sft_examples, max_sft, "sft-subset"), (preference_pairs, max_pairs, "dpo-subset"))]
+    validation = {p: ({r: subsample(x, max_sft, seed) for r, x in sft_examples(val_tree, p).items()},
+                      {r: subsample(x, max_pairs, seed) for r, x in preference_pairs(val_tree, p).items()}) for p in POOLINGS}
+    return {p: (budget[0][p], budget[1][p]) for p in POOLINGS}, validation
+
+
 def add_role_adapters(model, r: int = 16, alpha: int = 32):
     """One LoRA adapter per role on the shared base model."""
     for role in ROLES:
@@ -220,6 +231,21 @@ def adapter_state(model, role) -> dict:
     from peft import get_peft_model_state_dict
 
     return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model, adapter_name=role).items()}
+
+
+def seed_init(init: dict, seed: int) -> dict:
+    """The initial adapters of training seed `seed`: init (role -> adapter state) with every LoRA A matrix drawn
+    afresh as peft draws it (uniform on +-1/sqrt(fan_in)) from a generator seeded by (seed, role); B stays zero, so
+    every role still starts as the base model."""
+    import torch
+
+    out = {}
+    for role, state in init.items():
+        g = torch.Generator().manual_seed(config.derive_seed(seed, "malt-lora", role))
+        out[role] = {}
+        for k, w in state.items():   # (r, fan_in) for A
+            out[role][k] = ((torch.rand(w.shape, generator=g) * 2 - 1) / w.shape[1] ** 0.5).to(w) if "lora_A" in k else w.clone()
+    return out
 
 
 def load_adapter_state(model, role, state) -> None:
@@ -366,33 +392,3 @@ def construction_holds(tree, paper_n, paper_leaves, paper_threshold) -> bool:
     return bool(int(paper_n) ** 3 == int(paper_leaves) and sizes == [q * n, q * n**2, q * n**3, q * n**3]
                 and rewards(tree).shape == (q, n, n, n) and THRESHOLD == t
                 and binarise([t, np.nextafter(t, 1.0)]).tolist() == [False, True])
-
-
-def plot_tree(tree, q: int, ax=None):
-    """Draw question q's tree: generator, verifier and leaf nodes left to right, values shown, leaves by reward."""
-    import matplotlib.pyplot as plt
-
-    ax = ax or plt.gca()
-    n = tree["n"]
-    v_g, v_v, v_r = (x[q] for x in value_iteration(rewards(tree)))
-    y_r = np.arange(n**3)[::-1].reshape(n, n, n).astype(float)
-    y_v, y_g = y_r.mean(-1), y_r.mean((-1, -2))
-    y_q = y_g.mean()
-    cmap = plt.get_cmap("RdYlGn")
-    for j in np.ndindex(n):
-        ax.plot([0, 1], [y_q, y_g[j]], color="0.7", lw=1, zorder=1)
-        for k in range(n):
-            ax.plot([1, 2], [y_g[j], y_v[j][k]], color="0.7", lw=1, zorder=1)
-            for m in range(n):
-                ax.plot([2, 3], [y_v[j][k], y_r[j][k][m]], color="0.8", lw=0.8, zorder=1)
-    ax.scatter([0], [y_q], s=120, color="0.5", zorder=2)
-    for x, ys, vals, size in ((1, y_g, v_g, 260), (2, y_v, v_v, 160), (3, y_r, v_r, 60)):
-        ax.scatter(np.full(ys.size, x), ys.ravel(), c=vals.ravel(), cmap=cmap, vmin=0, vmax=1, s=size,
-                   edgecolors="k", linewidths=0.5, zorder=2)
-        if x < 3:
-            for y, v in zip(ys.ravel(), vals.ravel()):
-                ax.annotate(f"{v:.2f}", (x, y), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=7)
-    ax.set_xticks([0, 1, 2, 3], ["question", "generator\nV(g)", "verifier\nV(v)", "refiner\nreward"])
-    ax.set(yticks=[], xlim=(-0.3, 3.3))
-    ax.grid(False)
-    return ax

@@ -1,11 +1,22 @@
 """Notebook 05's held-out protocol for MALT: the variants' chains (made once through the run's cache), accuracies
-with Wilson intervals, paired differences, answer changes (flips, McNemar), reply statistics, and each trained
-arm's health check and record."""
+over training seeds, paired differences (arms.compare: seeds x questions, two-level interval), answer changes
+(flips, McNemar), reply statistics, each trained arm's health check and record, and the notebook's figures.
+
+Rows come as variant -> chains for one training seed, or a list of them, one per training seed: the trained
+variants (TRAINED) have chains of their own per seed; the base generator's and the untrained chain's are the same
+for every seed (they train nothing), so only the first seed's are read."""
 import numpy as np
+import pandas as pd
 
 from replication.core import config, stats
 from replication.lm import arms, tasks
-from .malt import ROLES, majority_vote, run_chains
+from .malt import ROLES, majority_vote, rewards, run_chains, value_iteration
+
+TRAINED = ("sft", "dpo", "dpo_local")
+ARM_VARIANTS = {"base generator": ("base", None), "untrained G-V-R": ("untrained", None), "after SFT": ("sft", "sft"),
+                "MALT (global pooling)": ("dpo", "dpo"), "MALT (local pooling)": ("dpo_local", "dpo")}
+ARM_OF = {variant: arm for arm, (variant, _) in ARM_VARIANTS.items()}
+
 
 def vote_accuracy(rows) -> tuple:
     """(correct questions, questions) when each question's chains are combined by majority vote."""
@@ -54,56 +65,95 @@ def per_question(rows, vote: bool = False) -> np.ndarray:
                      for q in sorted({r["question"] for r in rows})])
 
 
-def accuracy_summary(rows: dict, votes: int) -> dict:
-    """Held-out accuracy of each variant of rows (variant -> chains), single chain or vote, with n and a
-    Wilson 95% interval (stats.proportion_ci)."""
+def seed_chains(rows, variant: str) -> list:
+    """A variant's chains per training seed: one list per seed for a trained variant (TRAINED), the first seed's
+    only for the base generator and the untrained chain (the same for every seed)."""
+    runs = arms.by_seed(rows)
+    return [r[variant] for r in (runs if variant in TRAINED else runs[:1])]
+
+
+def outcomes(rows, variant: str, vote: bool = False) -> np.ndarray:
+    """Seeds x questions 0/1 outcomes of a variant (per_question of each seed's chains, seed_chains)."""
+    return np.array([per_question(x, vote) for x in seed_chains(rows, variant)])
+
+
+def accuracy_summary(rows, votes: int, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Held-out accuracy of each variant, single chain or vote, over seeds x questions: mean, 95% interval, n (the
+    questions), the number of seeds and each seed's accuracy. The interval is Wilson's (stats.proportion_ci) for one
+    run, and for a trained variant over several seeds the two-level bootstrap (seeds, then questions)."""
     spec = {"base generator (greedy)": ("base_greedy", False), "base generator": ("base", False),
             f"base generator, vote of {votes}": ("base", True), "untrained G-V-R": ("untrained", False),
             "after SFT": ("sft", False), "after SFT + DPO (MALT)": ("dpo", False), f"MALT, vote of {votes}": ("dpo", True),
             "MALT, local pooling": ("dpo_local", False)}
     out = {}
     for label, (variant, vote) in spec.items():
-        hits = per_question(rows[variant], vote)
-        p, lo, hi = stats.proportion_ci(int(hits.sum()), len(hits))
-        out[label] = {"acc": p, "ci95": [lo, hi], "n": len(hits)}
+        hits = outcomes(rows, variant, vote)
+        p, lo, hi = (stats.proportion_ci(int(hits.sum()), hits.size) if len(hits) == 1
+                     else stats.two_level_bootstrap(hits, n_boot=n_boot, seed=seed))
+        out[label] = {"acc": p, "ci95": [lo, hi], "n": hits.shape[1], "seeds": len(hits),
+                      "per_seed": [float(x) for x in hits.mean(1)], "trained": variant in TRAINED}
     return out
 
 
-def paired_differences(rows: dict, votes: int, n_boot: int = 2000, seed: int = 0) -> dict:
-    """MALT against the fair baselines on the same held-out questions: per comparison the accuracy
-    difference with its paired bootstrap 95% interval over questions (stats.paired_bootstrap), n, and the
-    relative improvement in the paper's sense (MALT / base - 1)."""
+def records_by_arm(records) -> dict:
+    """arm -> its record (an untrained arm) or its records, one per training seed, from arm_records of each seed."""
+    per_seed = [{r["arm"]: r for r in recs} for recs in records]
+    return {arm: per_seed[0][arm] if stage is None else [x[arm] for x in per_seed] for arm, (_, stage) in ARM_VARIANTS.items()}
+
+
+def records_frame(records: dict, seeds) -> pd.DataFrame:
+    """The arms' records (records_by_arm) as one table, a row per arm and training seed ('-' for an untrained arm)."""
+    keys = ("steps", "samples", "accuracy", "interval", "healthy", "failed_checks")
+    return pd.DataFrame([{"arm": arm, "seed": seeds[i] if isinstance(recs, list) else "-", **{k: r[k] for k in keys}}
+                         for arm, recs in records.items() for i, r in enumerate(arms.by_seed(recs))]).set_index(["arm", "seed"])
+
+
+def paired_differences(rows, votes: int, records: dict, n_boot: int = 2000, seed: int = 0) -> dict:
+    """MALT against the fair baselines on the same held-out questions, over training seeds: per comparison
+    arms.compare's paired difference (seeds x questions) with its two-level 95% interval, n, per-seed differences,
+    probability of improvement and claim basis (records: records_by_arm, for the health checks), and the relative
+    improvement in the paper's sense (MALT / base - 1, over all seeds and questions)."""
     comparisons = {f"MALT vote vs base vote ({votes})": (("dpo", True), ("base", True)),
                    "MALT vs base generator (single)": (("dpo", False), ("base", False)),
                    "MALT vs untrained G-V-R (single)": (("dpo", False), ("untrained", False)),
                    "SFT + DPO vs SFT (single)": (("dpo", False), ("sft", False)),
                    "global vs local pooling (single)": (("dpo", False), ("dpo_local", False)),
                    "untrained G-V-R vs base generator (single)": (("untrained", False), ("base", False))}
+    table = lambda hits: pd.DataFrame({"qid": np.arange(len(hits)), "correct": hits})
     out = {}
     for name, (a, b) in comparisons.items():
-        a, b = per_question(rows[a[0]], a[1]), per_question(rows[b[0]], b[1])
-        d, lo, hi = stats.paired_bootstrap(a, b, n_boot=n_boot, seed=seed)
-        out[name] = {"diff": d, "ci95": [lo, hi], "n": len(a),
-                     "relative": float(a.mean() / b.mean() - 1) if b.mean() > 0 else float("nan")}
+        ha, hb = outcomes(rows, *a), outcomes(rows, *b)
+        arm_a, arm_b = ARM_OF[a[0]], ARM_OF[b[0]]
+        c = arms.compare(arm_a, arm_b, {arm_a: [table(h) for h in ha], arm_b: [table(h) for h in hb]}, records,
+                         n_boot=n_boot, seed=seed)
+        out[name] = {"diff": c["difference"], "ci95": c["ci95"], "n": c["n"], "per_seed": c["per_seed"],
+                     "probability_of_improvement": c["probability_of_improvement"], "failed": c["failed"],
+                     "basis": c["basis"], "relative": float(ha.mean() / hb.mean() - 1) if hb.mean() > 0 else float("nan")}
     return out
 
 
-def flip_table(rows: dict, n_boot: int = 2000, seed: int = 0) -> dict:
-    """Per variant (variant -> chains): how the verifier and refiner change the generator's answer (flips),
-    McNemar's exact test of gained (wrong -> right) vs lost (right -> wrong) (stats.mcnemar), and the net change
-    in accuracy over all chains with a 95% interval bootstrapped over questions (their chains kept together)."""
+def flip_table(rows, variants, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Per variant: how the verifier and refiner change the generator's answer (flips, summed over training seeds),
+    McNemar's exact test of gained (wrong -> right) vs lost (right -> wrong) over those chains (stats.mcnemar), and
+    the net change in accuracy (final minus first answer): each seed's mean over its questions' chains (per_seed)
+    and a 95% interval from the two-level bootstrap over seeds, then questions (a question's chains kept together)."""
     out = {}
-    for name, rs in rows.items():
-        before, after = [r["g_correct"] for r in rs], [r["correct"] for r in rs]
-        test = stats.mcnemar(before, after)
-        d, lo, hi = stats.paired_bootstrap(after, before, n_boot=n_boot, seed=seed, groups=[r["question"] for r in rs])
-        out[name] = {**flips(rs), "mcnemar_p": test["p_value"], "change": d, "ci95": [lo, hi],
-                     "chains": len(rs), "questions": len({r["question"] for r in rs})}
+    for name in variants:
+        per = seed_chains(rows, name)
+        chains = [r for rs in per for r in rs]
+        test = stats.mcnemar([r["g_correct"] for r in chains], [r["correct"] for r in chains])
+        change = []
+        for rs in per:
+            by_q = {}
+            for r in rs:
+                by_q.setdefault(r["question"], []).append(float(r["correct"]) - float(r["g_correct"]))
+            change.append([np.mean(by_q[q]) for q in sorted(by_q)])
+        d, lo, hi = stats.two_level_bootstrap(np.array(change), n_boot=n_boot, seed=seed)
+        out[name] = {**flips(chains), "mcnemar_p": test["p_value"], "change": d, "ci95": [lo, hi],
+                     "per_seed": [float(np.mean(c)) for c in change], "chains": len(chains),
+                     "questions": len(change[0]), "seeds": len(per),
+                     "n": f"{len(per)} seed{'s' if len(per) > 1 else ''} x {len(change[0])} questions"}
     return out
-
-
-ARM_VARIANTS = {"base generator": ("base", None), "untrained G-V-R": ("untrained", None), "after SFT": ("sft", "sft"),
-                "MALT (global pooling)": ("dpo", "dpo"), "MALT (local pooling)": ("dpo_local", "dpo")}
 
 
 def health(rows, base_rows, logs: dict, stage: str, tok) -> dict:
@@ -136,6 +186,78 @@ def arm_records(rows: dict, trained: dict, sets: dict, tok) -> list:
     return out
 
 
-def comparison_basis(diff: dict, names: list, records: list) -> dict:
-    """run.claim's basis for a difference between arms (arms.basis: interval= when every arm named is healthy)."""
-    return arms.basis(diff["ci95"], {r["arm"]: r for r in records}, names)
+def comparison_basis(diff: dict, names: list, records) -> dict:
+    """run.claim's basis for a difference between arms (arms.basis): the interval diff["ci95"], with its estimate
+    (diff["diff"]) and per-seed differences (diff["per_seed"]) when given, and any failed health check of the named
+    arms reported beside the verdict. records: arm -> record or per-seed list (records_by_arm), or one seed's list."""
+    recs = records if isinstance(records, dict) else {r["arm"]: r for r in records}
+    return arms.basis(diff["ci95"], recs, names, estimate=diff.get("diff"), seed_differences=diff.get("per_seed"))
+
+
+# ---- figures ---------------------------------------------------------------------------------------------
+
+def plot_accuracy(summary: dict, ax, colors):
+    """Held-out accuracy of each variant of accuracy_summary: the bar its mean over seeds, the error bar its 95%
+    interval, and a trained variant's accuracy in each training seed as a black dot."""
+    labels = list(summary)
+    acc = np.array([summary[k]["acc"] for k in labels])
+    err = np.array([[a - summary[k]["ci95"][0], summary[k]["ci95"][1] - a] for a, k in zip(acc, labels)]).T
+    ax.barh(range(len(labels)), acc, xerr=err, color=colors, capsize=3, alpha=0.85)
+    trained = [i for i, k in enumerate(labels) if summary[k]["trained"]]
+    for i in trained:
+        per = summary[labels[i]]["per_seed"]
+        ax.scatter(per, i + np.linspace(-0.2, 0.2, len(per)) * (len(per) > 1), s=14, color="k", zorder=3,
+                   label="one training seed" if i == trained[0] else None)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.invert_yaxis()
+    return ax
+
+
+def plot_losses(trained: dict, axes, dpo_beta: float, reference: str):
+    """SFT (axes[0]) and DPO (axes[1]) loss per step of every role: one thin line per training seed, global pooling
+    solid and local dashed. trained: training seed -> pooling -> malt.train_arm's result."""
+    for n, by_pooling in enumerate(trained.values()):
+        for pooling, ls in zip(by_pooling, ("-", "--")):
+            for i, role in enumerate(ROLES):
+                for ax, stage in zip(axes, ("sft", "dpo")):
+                    rows = by_pooling[pooling]["logs"][role][stage]
+                    if rows:
+                        ax.plot([x["loss"] for x in rows], ls=ls, lw=0.8, alpha=0.7, color=f"C{i}",
+                                label=f"{role} ({pooling})" if n == 0 else None)
+    axes[0].set_title(f"SFT loss per step ({len(trained)} seed{'s' if len(trained) > 1 else ''}, one line each)")
+    axes[1].set_title(f"DPO loss per step (beta = {dpo_beta}, reference: {reference})")
+    axes[1].axhline(np.log(2), color="0.5", ls=":")
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:   # a stage with nothing to train draws no line
+            ax.legend(fontsize=7)
+    return axes
+
+
+def plot_tree(tree, q: int, ax=None):
+    """Draw question q's tree: generator, verifier and leaf nodes left to right, values shown, leaves by reward."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.gca()
+    n = tree["n"]
+    v_g, v_v, v_r = (x[q] for x in value_iteration(rewards(tree)))
+    y_r = np.arange(n**3)[::-1].reshape(n, n, n).astype(float)
+    y_v, y_g = y_r.mean(-1), y_r.mean((-1, -2))
+    y_q = y_g.mean()
+    cmap = plt.get_cmap("RdYlGn")
+    for j in np.ndindex(n):
+        ax.plot([0, 1], [y_q, y_g[j]], color="0.7", lw=1, zorder=1)
+        for k in range(n):
+            ax.plot([1, 2], [y_g[j], y_v[j][k]], color="0.7", lw=1, zorder=1)
+            for m in range(n):
+                ax.plot([2, 3], [y_v[j][k], y_r[j][k][m]], color="0.8", lw=0.8, zorder=1)
+    ax.scatter([0], [y_q], s=120, color="0.5", zorder=2)
+    for x, ys, vals, size in ((1, y_g, v_g, 260), (2, y_v, v_v, 160), (3, y_r, v_r, 60)):
+        ax.scatter(np.full(ys.size, x), ys.ravel(), c=vals.ravel(), cmap=cmap, vmin=0, vmax=1, s=size,
+                   edgecolors="k", linewidths=0.5, zorder=2)
+        if x < 3:
+            for y, v in zip(ys.ravel(), vals.ravel()):
+                ax.annotate(f"{v:.2f}", (x, y), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=7)
+    ax.set_xticks([0, 1, 2, 3], ["question", "generator\nV(g)", "verifier\nV(v)", "refiner\nreward"])
+    ax.set(yticks=[], xlim=(-0.3, 3.3))
+    ax.grid(False)
+    return ax

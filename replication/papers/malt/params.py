@@ -9,6 +9,7 @@ from replication.lm import tasks
 class MALT(Params):
     model: str = MODEL
     device: str = DEVICE
+    seeds: int = p()
     level: str = p(choices=tuple(tasks.LEVELS))
     shots: int = p(minimum=0)
     n_branch: int = p()
