@@ -115,7 +115,7 @@ def cell_03():
             "samples": 2, "temperature": 0.8, "max_new_tokens": 16, "batch_size": 8, "n_boot": 50,
             "level": "1d-1step-add", "shots": 1, "styles": ["digits"], "n_train": 4, "n_heldout": 8, "steps": 2,
             "prompts_per_step": 2, "group_size": 2, "rollout_dtype": "bfloat16", "lr": 1e-4, "lora_r": 8,
-            "warmup_start": 0, "warmup_end": 1, "max_rollouts": 2,
+            "warmup_start": 0, "warmup_end": 1, "max_rollouts": 2, "seeds": 1,
             "variants": ["rlpr", "rlvr"]}
 
 

@@ -1,5 +1,5 @@
 """RLPR pieces: answer location, reference tokens, aggregation, debiasing, the reward's side data, reward
-quality, the std filter and the filtered loop on loop.run."""
+quality over draws of sampled replies, the std filter, the filtered loop on loop.run and the variants over seeds."""
 import math
 
 import numpy as np
@@ -245,14 +245,75 @@ def test_auc_table_resamples_questions_and_differences_are_paired():
         est, lo, hi = stats.bootstrap(stats.auc, R[c], R.correct, groups=R.qid, n_boot=200, seed=0)
         assert table.loc[c, "AUC"] == pytest.approx(est) and (table.loc[c, "ci_low"], table.loc[c, "ci_high"]) == (lo, hi)
         assert table.loc[c, "within-question AUC"] == pytest.approx(stats.within_auc(R[c], R.correct, R.qid))
-    assert reward_quality.auc_difference(R, "mean", "mean", n_boot=100) == (0.0, 0.0, 0.0)
-    d, lo, hi = reward_quality.auc_difference(R, "mean", "verifier", n_boot=200)
-    assert d == pytest.approx(stats.auc(R["mean"], R.correct) - stats.auc(R.verifier, R.correct)) and lo <= d <= hi
-    assert reward_quality.interval_or_reason((d, lo, hi), "x") == {"interval": (lo, hi)}
-    assert reward_quality.interval_or_reason((np.nan, np.nan, np.nan), "one class") == {"not_tested": "one class"}
+    same = reward_quality.auc_difference(R, "mean", "mean", n_boot=100)
+    assert (same["estimate"], same["ci95"], same["per_draw"]) == (0.0, [0.0, 0.0], [0.0])
+    d = reward_quality.auc_difference(R, "mean", "verifier", n_boot=200)
+    want = stats.bootstrap(lambda x, z, y: stats.auc(x, y) - stats.auc(z, y), R["mean"], R.verifier, R.correct,
+                           groups=R.qid, n_boot=200, seed=0)   # one draw: the question bootstrap, the same resamples
+    assert (d["estimate"], *d["ci95"]) == pytest.approx(want) and d["n"] == "1 draw x 12 questions (48 replies)"
+    assert reward_quality.claim_basis(d, "x") == {"interval": tuple(d["ci95"]), "estimate": d["estimate"],
+                                                  "seed_differences": [d["estimate"]]}
+    assert reward_quality.claim_basis({"ci95": [np.nan, np.nan]}, "one class") == {"not_tested": "one class"}
     assert set(reward_quality.auc_by_style(R).columns) == {"digits", "words"}
     spread = reward_quality.reward_spread(R)
     assert spread.loc["mean", "overall std"] == pytest.approx(R["mean"].std())
+
+
+def drawn(tables):
+    """Draws of sampled replies stacked as the notebook stacks them (a `draw` column)."""
+    return pd.concat([t.assign(draw=i) for i, t in enumerate(tables)], ignore_index=True)
+
+
+def test_over_draws_is_the_two_level_bootstrap_for_a_mean():
+    rng = np.random.default_rng(3)
+    x = rng.normal(0.1, 1.0, size=(3, 20)) + rng.normal(0, 0.5, size=(3, 1))   # 3 draws x 20 questions, draw offsets
+    table = drawn([pd.DataFrame({"qid": [f"q{j}" for j in range(20)], "x": row}) for row in x])
+    d = reward_quality.over_draws(lambda v: float(np.mean(v)), table, ("x",), n_boot=300, seed=5)
+    est, lo, hi = stats.two_level_bootstrap(x, n_boot=300, seed=5)
+    assert d["estimate"] == pytest.approx(est) and d["ci95"] == pytest.approx([lo, hi])
+    assert d["per_draw"] == pytest.approx(x.mean(axis=1).tolist()) and d["n"] == "3 draws x 20 questions (60 replies)"
+    one = reward_quality.over_draws(lambda v: float(np.mean(v)), table[table.draw == 0], ("x",), n_boot=300, seed=5)
+    assert hi - lo > one["ci95"][1] - one["ci95"][0]   # the draw-to-draw spread widens the interval
+
+
+def test_reward_quality_rows_rest_on_every_draw():
+    a, b = quality_table(seed=0), quality_table(seed=1)
+    R = drawn([a, b])
+    d = reward_quality.auc_difference(R, "mean", "verifier", n_boot=200, seed=0)
+    per = [stats.auc(t["mean"], t.correct) - stats.auc(t.verifier, t.correct) for t in (a, b)]
+    assert d["per_draw"] == pytest.approx(per) and d["estimate"] == pytest.approx(np.mean(per)) and d["draws"] == 2
+    assert reward_quality.claim_basis(d, "x")["seed_differences"] == pytest.approx(per)   # the verdict sees each draw
+    assert reward_quality.difference_text(d).endswith(f"(per draw {per[0]:+.3f}, {per[1]:+.3f})")
+    table = reward_quality.auc_table(R, columns=("mean",), n_boot=100)
+    assert table.loc["mean", "AUC"] == pytest.approx(np.mean([stats.auc(t["mean"], t.correct) for t in (a, b)]))
+    assert table.loc["mean", "AUC draw 1"] == pytest.approx(stats.auc(b["mean"], b.correct))
+    one_class = b.assign(correct=True)   # a draw with no AUC is left out, not averaged in as nan
+    left = reward_quality.auc_difference(drawn([a, one_class]), "mean", "verifier", n_boot=100)
+    assert left["draws"] == 1 and np.isnan(left["per_draw"][1]) and left["estimate"] == pytest.approx(per[0])
+    assert left["n"] == "2 draws x 12 questions (96 replies; 1 without a value)"
+    assert reward_quality.claim_basis(left, "x")["seed_differences"] == pytest.approx([per[0]])
+    multi = reward_quality.multi_token(R)
+    lr = reward_quality.log_ratio_difference(multi, 5.0, n_boot=100)
+    want = [np.mean(np.log(reward_quality.bump_ratios(m.probs, 5.0)).pipe(lambda c: c["sequence"] - c["mean"]))
+            for m in reward_quality.draws(multi)]
+    assert lr["per_draw"] == pytest.approx(want) and lr["ci95"][0] <= lr["estimate"] <= lr["ci95"][1]
+
+
+def test_sample_draws_caches_each_draw_under_its_own_seed(tiny):
+    qs = answers.make_questions(2, 0, seed=0)["train"]
+    keys = []
+
+    def cache(name, key, make):
+        keys.append((name, key))
+        return make()
+
+    base_key = {"questions": [q.id for q in qs], "seed": 0}
+    R = reward_quality.sample_draws(*tiny, qs, 2, [0, 1], cache=cache, key=base_key, max_new_tokens=4, batch_size=4)
+    assert keys == [("samples", base_key), ("samples", {**base_key, "seed": 1})]   # draw 0 keeps the one-draw key
+    assert R.draw.tolist() == [0] * 4 + [1] * 4 and {"mean", "mean_debiased", "verifier"} <= set(R.columns)
+    assert R[R.draw == 0].reply.tolist() != R[R.draw == 1].reply.tolist()   # another sampling seed, other replies
+    alone = reward_quality.sample_replies(*tiny, qs, 2, max_new_tokens=4, batch_size=4, seed=1)
+    assert R[R.draw == 1].reply.tolist() == alone.reply.tolist()
 
 
 def test_sensitivity_to_the_weakest_token():
@@ -435,13 +496,44 @@ def test_health_check_and_arm_records():
                "base": rlpr_training.base_record(base)}
     tables = {"rlpr": good, "rlvr": good, "base": base}
     vs_base = arms.compare("rlpr", "base", tables, records, n_boot=200)
-    assert vs_base["pair"] == "rlpr - base" and vs_base["basis"] == {"interval": tuple(vs_base["ci95"])}
-    blocked = arms.compare("rlpr", "rlvr", tables, records, n_boot=200)
-    assert blocked["basis"] == {"not_tested": "not compared: failed health check: rlvr (learned)"}
+    assert vs_base["pair"] == "rlpr - base" and vs_base["n"] == "1 seed x 100 questions"
+    assert vs_base["basis"] == {"interval": tuple(vs_base["ci95"]), "estimate": pytest.approx(0.2),
+                                "seed_differences": [pytest.approx(0.2)], "health": None}
+    measured = arms.compare("rlpr", "rlvr", tables, records, n_boot=200)   # a failed arm is still measured
+    assert measured["basis"]["health"] == "failed health check: rlvr (learned)" and measured["basis"]["interval"] == (0.0, 0.0)
+    seeds = {"rlpr": [good, good.assign(correct=[True] * 50 + [False] * 50)], "rlvr": [good, good], "base": base}
+    per_seed = {"rlpr": [rec, rec], "rlvr": [records["rlvr"], rec], "base": records["base"]}
+    two = arms.compare("rlpr", "rlvr", seeds, per_seed, n_boot=200)
+    assert two["n"] == "2 seeds x 100 questions" and two["per_seed"] == pytest.approx([0.0, -0.1])
+    assert two["basis"]["health"] == "failed health check: rlvr seed 0 (learned)"
 
 
-def test_filter_summary():
+def test_each_variant_trains_once_per_seed(monkeypatch):
+    monkeypatch.setattr(models, "load_model", lambda name: models.tiny_model(seed=0))
+    monkeypatch.setattr(rlpr_training, "Reward", lambda *a, **k: letter_reward)   # varies within groups
+    pool, heldout = answers.make_questions(6, 0, seed=0)["train"], answers.make_questions(2, 0, seed=0)["heldout"]
+    cfg = grpo.GRPOConfig(num_generations=2, max_new_tokens=4, kl_beta=0.0, seed=7)
+    keys = []
+
+    def folder(name, key):
+        keys.append(key)
+        return None
+
+    kw = dict(run_folder=folder, warmup=(0, 1), lora_r=4, eval_tokens=4, batch_size=4, progress=False)
+    runs = rlpr_training.run_seeds("rlpr_no_filter", [7, 8], pool, heldout, cfg, 2, 2, **kw)
+    first = rlpr_training.run_variant("rlpr_no_filter", pool, heldout, cfg, 2, 2, **kw)
+    assert [k["grpo"]["seed"] for k in keys] == [7, 8, 7] and keys[0] == keys[2]   # seed 0's key: run_variant's own
+    assert runs[0][0]["reward_mean"].tolist() == first[0]["reward_mean"].tolist()
+    assert runs[0][0]["reward_mean"].tolist() != runs[1][0]["reward_mean"].tolist()   # another seed, other rollouts
+
+
+def test_filter_summary_per_seed():
     rows = step_rows([0.1, 0.2])
     filt = rlpr_training.filter_summary({"rlpr": rows}, std_filter_factor=0.5, warmup=(0, 1))
-    assert filt["final_threshold"] == pytest.approx(0.2) and filt["fraction_filtered"] == 0.5
-    assert filt["threshold_by_step"] == [None, 0.2] and rlpr_training.filter_summary({}, 0.5, (0, 1))["fraction_filtered"] is None
+    assert filt["final_threshold"] == [pytest.approx(0.2)] and filt["fraction_filtered"] == 0.5
+    assert filt["threshold_by_step"] == [[None, 0.2]] and rlpr_training.filter_summary({}, 0.5, (0, 1))["fraction_filtered"] is None
+    other = rows.assign(fraction_filtered=[0.0, 0.1], ema=[None, 0.6])
+    two = rlpr_training.filter_summary({"rlpr_no_debias": [rows], "rlpr": [rows, other]}, 0.5, (0, 1))
+    assert two["variant"] == "rlpr" and two["fraction_filtered_by_seed"] == pytest.approx([0.5, 0.1])
+    assert two["fraction_filtered"] == pytest.approx(0.3) and two["final_threshold"] == pytest.approx([0.2, 0.3])
+    assert two["rollouts_by_step"] == [[1, 2], [1, 2]]

@@ -248,6 +248,21 @@ def test_two_level_bootstrap_covers_where_one_level_does_not():
     assert covered / trials >= 0.90 and pooled / trials <= 0.85, (covered / trials, pooled / trials)
 
 
+def test_nested_bootstrap_is_the_two_level_bootstrap_for_a_mean_and_the_bootstrap_for_one_unit():
+    rng = np.random.default_rng(3)
+    d = rng.normal(0.1, 0.3, size=(3, 40))
+    qid = np.arange(40)
+    mean = lambda x: x.mean()  # noqa: E731
+    assert stats.nested_bootstrap(mean, [[row] for row in d], [qid] * 3, n_boot=500, seed=2) == pytest.approx(
+        stats.two_level_bootstrap(d, n_boot=500, seed=2))
+    # one unit, rows grouped by question (two rows each): the group bootstrap over questions
+    x, g = rng.normal(size=80), np.repeat(np.arange(40), 2)
+    est, lo, hi = stats.nested_bootstrap(mean, [[x]], [g], n_boot=4000, seed=0)
+    ref = stats.bootstrap(mean, x, groups=g, n_boot=4000, seed=0)
+    assert est == pytest.approx(ref[0]) and (lo, hi) == pytest.approx(ref[1:], abs=0.03)
+    assert np.isnan(stats.nested_bootstrap(mean, [], [])[1])
+
+
 def test_probability_of_improvement_is_the_mann_whitney_statistic():
     """P(X > Y) + P(X = Y) / 2 over pairs of runs is U / (n_x n_y), scipy's Mann-Whitney U of x against y."""
     from scipy.stats import mannwhitneyu

@@ -86,6 +86,37 @@ def two_level_bootstrap(diffs, n_boot: int = 2000, seed: int = 0, alpha: float =
     return float(d.mean()), float(lo), float(hi)
 
 
+def nested_bootstrap(statistic, units, groups, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05):
+    """(mean over units of statistic(*columns), low, high) for any statistic (e.g. an AUC) computed within each unit
+    (a training seed, a draw of sampled replies): each resample draws the units with replacement, then within each
+    drawn unit its groups (questions, whole, with replacement), and averages the statistic over the drawn units.
+    units: per unit a list of equally long columns; groups: per unit the group label of each row. The same random
+    stream as two_level_bootstrap where every unit has as many groups (for a plain mean of one value per group it
+    gives the same interval); with one unit it is `bootstrap` over groups. Non-finite resamples are ignored."""
+    if not units:
+        return float("nan"), float("nan"), float("nan")
+    members = [[np.flatnonzero(np.asarray(g) == k) for k in dict.fromkeys(np.asarray(g).tolist())] for g in groups]
+    sizes = {len(m) for m in members}
+    est = float(np.mean([statistic(*cols) for cols in units]))
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(units), size=(n_boot, len(units)))
+    rows = rng.integers(0, max(sizes), size=(n_boot, len(units), max(sizes))) if len(sizes) == 1 else None
+    boot = np.empty(n_boot)
+    for b in range(n_boot):
+        values = []
+        for k, d in enumerate(picks[b]):
+            m = members[d]
+            r = rows[b, k] if rows is not None else rng.integers(0, len(m), len(m))
+            idx = np.concatenate([m[j] for j in r])
+            values.append(statistic(*(c[idx] for c in units[d])))
+        boot[b] = np.mean(values)
+    boot = boot[np.isfinite(boot)]
+    if not len(boot):
+        return est, float("nan"), float("nan")
+    lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+    return est, float(lo), float(hi)
+
+
 def probability_of_improvement(x, y) -> float:
     """P(X > Y) + P(X = Y) / 2 over every pair of a run of X and a run of Y (the Mann-Whitney statistic; Agarwal
     et al. 2021): x, y the per-seed scores of two arms."""

@@ -31,6 +31,7 @@ class RLPR(Params):
     warmup_end: int = p()
     max_rollouts: int = p()
     variants: list = p(each={"choices": ("rlpr", "rlvr", "rlpr_no_debias", "rlpr_no_filter")})
+    seeds: int = p(minimum=1)
 
     def check(self):
         if self.warmup_end <= self.warmup_start:

@@ -1,15 +1,17 @@
 """How good RLPR's rewards are before any training: each reward as a classifier of correct replies.
 
 Sampled replies to the training questions get r under each aggregation, r' (no reasoning) per question,
-the debiased r_hat and the exact-match verifier (`sample_replies`, `reward_columns`). Their ROC-AUC against
-the lenient oracle comes with 95% intervals from resampling whole questions (the unit of dependence); the
+the debiased r_hat and the exact-match verifier (`sample_replies`, `reward_columns`), in several draws (one per
+sampling seed, `sample_draws`): one draw of replies is as fragile as one training run. Their ROC-AUC against the
+lenient oracle is the mean over the draws, with a 95% interval over draws, then whole questions within a draw
+(`over_draws`, the scheme of stats.two_level_bootstrap for a statistic that is not a mean over questions); the
 statistics themselves are replication.core.stats'. Also: the sensitivity of each aggregation to one weak token,
 and what debiasing removes (r' by question and its relation to correctness).
 """
 import numpy as np
 import pandas as pd
 
-from replication.core import config, stats
+from replication.core import config, fmt, stats
 from replication.lm import models
 from . import answers
 from .rlpr import AGGREGATIONS, aggregate, baseline_probs, debias, reply_probs
@@ -39,6 +41,21 @@ def sample_replies(model, tok, questions, samples: int, temperature: float = 1.0
                           "tokens": len(ids)} for q, t, p, ids in zip(qs, gen.texts, probs, gen.completion_ids)])
 
 
+def sample_draws(model, tok, questions, samples: int, seeds, cache=None, key: dict = None, temperature: float = 1.0,
+                 max_new_tokens: int = 48, batch_size: int = 16, shots=()) -> pd.DataFrame:
+    """One draw of sampled replies per sampling seed in `seeds` (sample_replies with seed=s) with their reward
+    columns, stacked with a `draw` column (0, 1, ... in the order of `seeds`). cache(name, key, make) is the
+    notebook's run.cached: each draw is cached on its own under "samples" with key | {"seed": s}, so the first draw
+    keeps the one-draw key and a run with more draws reuses the draws done."""
+    out = []
+    for i, s in enumerate(seeds):
+        make = lambda s=s: sample_replies(model, tok, questions, samples, temperature, max_new_tokens,  # noqa: E731
+                                          batch_size, s, shots)
+        table = make() if cache is None else cache("samples", {**(key or {}), "seed": s}, make)
+        out.append(reward_columns(table).assign(draw=i))
+    return pd.concat(out, ignore_index=True)
+
+
 def reward_columns(table: pd.DataFrame) -> pd.DataFrame:
     """Add r (mean, sequence, geometric), r' (base_*) and debiased r_hat (*_debiased) columns, and the verifier as 0/1."""
     out = table.copy()
@@ -59,25 +76,63 @@ def overview(table: pd.DataFrame) -> pd.DataFrame:
 
 # ---- rewards as classifiers ------------------------------------------------------------------------
 
+def draws(table: pd.DataFrame) -> list:
+    """The table's draws of sampled replies (its `draw` column, in order; no such column: the table is one draw)."""
+    return [g for _, g in table.groupby("draw", sort=True)] if "draw" in table else [table]
+
+
+def finite_mean(values) -> float:
+    """The mean of the finite values (nan when there is none)."""
+    x = np.asarray(values, float)
+    return float(x[np.isfinite(x)].mean()) if np.isfinite(x).any() else float("nan")
+
+
+def over_draws(statistic, table: pd.DataFrame, columns, n_boot: int = 1000, seed: int = 0, alpha: float = 0.05) -> dict:
+    """statistic(*columns) of each draw of sampled replies and its mean over the draws, with a 95% interval that
+    covers both sources of spread: each resample draws the draws with replacement, then within each drawn draw its
+    questions (qid, whole, with replacement), and averages the statistic over the drawn draws: the scheme of
+    stats.two_level_bootstrap (draws as seeds) for any statistic, e.g. an AUC; with one draw it is stats.bootstrap
+    over questions. A draw whose statistic is not finite (no replies, or replies of one class: no AUC) is left out;
+    non-finite resamples are ignored. Returns estimate, ci95, per_draw (nan: left out), draws (used) and n."""
+    parts = draws(table)
+    data = [[g[c].to_numpy() for c in columns] for g in parts]
+    per_draw = np.array([statistic(*cols) if len(cols[0]) else np.nan for cols in data], float)
+    used = np.flatnonzero(np.isfinite(per_draw))
+    _, lo, hi = stats.nested_bootstrap(statistic, [data[d] for d in used], [parts[d]["qid"].to_numpy() for d in used],
+                                       n_boot=n_boot, seed=seed, alpha=alpha)
+    left = f"; {len(parts) - len(used)} without a value" if len(used) < len(parts) else ""
+    return {"estimate": float(per_draw[used].mean()) if len(used) else np.nan, "ci95": [float(lo), float(hi)],
+            "per_draw": [float(x) for x in per_draw], "draws": len(used),
+            "n": f"{len(parts)} draw{'s' if len(parts) != 1 else ''} x {table['qid'].nunique()} questions "
+                 f"({len(table)} replies{left})"}
+
+
+def difference_text(d: dict) -> str:
+    """An over_draws result as text: '+0.093 [+0.020, +0.192] (per draw +0.080, +0.110, +0.089)'."""
+    return f"{fmt.diff((d['estimate'], *d['ci95']))} (per draw {', '.join(f'{x:+.3f}' for x in d['per_draw'])})"
+
+
 def auc_table(table: pd.DataFrame, columns=COLUMNS, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Per reward column: pooled AUC with its question-resampled 95% interval (stats.bootstrap, groups = qid),
-    the AUC over replies with an answer, and the within-question AUC (what a group baseline sees)."""
-    y, q = table["correct"].to_numpy(bool), table["qid"].to_numpy()
-    answered = table[table["answered"]]
+    """Per reward column: the AUC (mean over the draws) with its two-level 95% interval (over_draws: draws, then
+    questions), each draw's AUC, and, as means over the draws, the AUC over replies with an answer and the
+    within-question AUC (what a group baseline sees)."""
     rows = {}
     for c in columns:
-        est, lo, hi = stats.bootstrap(stats.auc, table[c].to_numpy(float), y, groups=q, n_boot=n_boot, seed=seed)
-        rows[c] = {"AUC": est, "ci_low": lo, "ci_high": hi,
-                   "AUC, replies with an answer": stats.auc(answered[c], answered["correct"]),
-                   "within-question AUC": stats.within_auc(table[c], y, q)}
+        d = over_draws(stats.auc, table, (c, "correct"), n_boot, seed)
+        rows[c] = {"AUC": d["estimate"], "ci_low": d["ci95"][0], "ci_high": d["ci95"][1],
+                   **{f"AUC draw {i}": x for i, x in enumerate(d["per_draw"])},
+                   "AUC, replies with an answer": finite_mean([stats.auc(g.loc[g.answered, c], g.loc[g.answered, "correct"])
+                                                               for g in draws(table)]),
+                   "within-question AUC": finite_mean([stats.within_auc(g[c], g["correct"].to_numpy(bool), g["qid"].to_numpy())
+                                                       for g in draws(table)])}
     return pd.DataFrame(rows).T
 
 
-def auc_difference(table: pd.DataFrame, a: str, b: str, n_boot: int = 1000, seed: int = 0):
-    """(AUC(a) - AUC(b), low, high): the two rewards ranked on the same replies, questions resampled together."""
-    return stats.bootstrap(lambda x, z, y: stats.auc(x, y) - stats.auc(z, y), table[a].to_numpy(float),
-                           table[b].to_numpy(float), table["correct"].to_numpy(bool), groups=table["qid"].to_numpy(),
-                           n_boot=n_boot, seed=seed)
+def auc_difference(table: pd.DataFrame, a: str, b: str, n_boot: int = 1000, seed: int = 0) -> dict:
+    """AUC(a) - AUC(b) per draw, the two rewards ranked on the same replies, and its mean over the draws with the
+    two-level interval (over_draws: draws, then questions resampled together for both rewards)."""
+    diff = lambda x, z, y: stats.auc(x, y) - stats.auc(z, y)  # noqa: E731
+    return over_draws(diff, table, (a, b, "correct"), n_boot, seed)
 
 
 def auc_by_style(table: pd.DataFrame, columns=("mean", "mean_debiased", "verifier")) -> pd.DataFrame:
@@ -95,11 +150,13 @@ def reward_spread(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def interval_or_reason(d, reason: str) -> dict:
-    """run.claim's basis for an estimated difference (est, low, high): interval= when it is finite, else
-    not_tested=reason (e.g. a reward that saw only one class of replies has no AUC)."""
-    if np.isfinite(d[1]) and np.isfinite(d[2]):
-        return {"interval": (d[1], d[2])}
+def claim_basis(d: dict, reason: str) -> dict:
+    """run.claim's basis for an over_draws result: its interval, estimate and per-draw values (one draw caps the
+    verdict at 'inconclusive (one run)') when the interval is finite, else not_tested=reason (e.g. a reward that
+    saw only one class of replies has no AUC)."""
+    if np.isfinite(d["ci95"][0]) and np.isfinite(d["ci95"][1]):
+        return {"interval": tuple(d["ci95"]), "estimate": d["estimate"],
+                "seed_differences": [x for x in d["per_draw"] if np.isfinite(x)]}
     return {"not_tested": reason}
 
 
@@ -143,6 +200,14 @@ def bump_ratios(probs, factor: float = 5.0) -> pd.DataFrame:
     weakest token is made `factor` times as likely."""
     return pd.DataFrame({h: [aggregate(bump_weakest(p, factor), h) / max(aggregate(p, h), 1e-300) for p in probs]
                          for h in AGGREGATIONS}, columns=list(AGGREGATIONS))
+
+
+def log_ratio_difference(multi: pd.DataFrame, factor: float = 5.0, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Over the replies `multi` (multi_token), the mean log-ratio by which the product moves minus the mean's when
+    the weakest token is made `factor` times as likely (bump_ratios), per draw, with the two-level interval."""
+    change = bump_ratios(multi["probs"], factor)
+    t = multi.reset_index(drop=True).assign(product_log=np.log(change["sequence"].to_numpy(float)), mean_log=np.log(change["mean"].to_numpy(float)))
+    return over_draws(lambda x, z: float(np.mean(x - z)), t, ("product_log", "mean_log"), n_boot, seed)
 
 
 # ---- what debiasing removes ------------------------------------------------------------------------

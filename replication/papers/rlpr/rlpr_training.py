@@ -1,6 +1,6 @@
-"""RLPR training: the adaptive std filter, the filtered GRPO step on the one loop, the four variants and
-their held-out answers, the health check a run must pass before it is compared, and the records notebook 03
-reports.
+"""RLPR training: the adaptive std filter, the filtered GRPO step on the one loop, the four variants (each once
+per training seed, `run_seeds`) and their held-out answers, the health check of each run, and the records notebook
+03 reports.
 
 One step: draw `batch_prompts` questions, roll out G replies each (GRPOTrainer.collect), keep the prompts
 whose group reward std passes the filter and, while the kept prompts fall short of the batch, roll out a
@@ -9,7 +9,7 @@ feed the step's mean group std (over every rollout made) to the filter.
 The filter's EMA lives in the loop state, so a resumed run carries on with it.
 """
 import random
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pandas as pd
@@ -178,6 +178,13 @@ def run_variant(name: str, pool, heldout, cfg, steps: int, batch_prompts: int, r
     return pd.DataFrame(rows), table
 
 
+def run_seeds(name: str, seeds, pool, heldout, cfg, steps: int, batch_prompts: int, **kw) -> list:
+    """run_variant once per training seed s (cfg with seed=s: the LoRA init, the prompt draws and the rollout
+    sampling), each run cached and resumed on its own (the keys hold cfg.seed; the first seed's key is
+    run_variant's with cfg as given when seeds[0] == cfg.seed). Returns [(step rows, held-out table)] by seed."""
+    return [run_variant(name, pool, heldout, replace(cfg, seed=s), steps, batch_prompts, **kw) for s in seeds]
+
+
 # ---- what the notebook reports: each variant as a trained arm (replication.lm.arms) ---------------------
 
 def health(rows: pd.DataFrame, table: pd.DataFrame, base: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> dict:
@@ -216,16 +223,20 @@ def base_record(base: pd.DataFrame) -> dict:
 
 
 def filter_summary(filtered: dict, std_filter_factor: float, warmup) -> dict:
-    """The std filter of the main filtered variant ('rlpr' if run): final threshold, share of prompts dropped
-    after the warm-up, and per step the threshold, the share dropped and the rollouts made."""
+    """The std filter of the main filtered variant ('rlpr' if run), whose step rows are given per training seed (a
+    list, or one run's rows): per seed the final threshold, the share of prompts dropped after the warm-up, and per
+    step the threshold, the share dropped and the rollouts made; `fraction_filtered` is the mean over the seeds."""
     main = "rlpr" if "rlpr" in filtered else next(iter(filtered), None)
     if main is None:
         return {"final_threshold": None, "fraction_filtered": None}
-    rows = filtered[main]
-    after = rows[rows["threshold"].notna()]
-    return {"variant": main,
-            "final_threshold": float(rows["ema"].iloc[-1] * std_filter_factor) if rows["ema"].notna().any() else None,
-            "fraction_filtered": float(after["fraction_filtered"].mean()) if len(after) else 0.0,
-            "threshold_by_step": [None if pd.isna(x) else float(x) for x in rows["threshold"]],
-            "fraction_filtered_by_step": rows["fraction_filtered"].tolist(), "rollouts_by_step": rows["rollouts"].tolist(),
-            "warmup_window": list(warmup)}
+    runs = arms.by_seed(filtered[main])
+    final, dropped = [], []
+    for rows in runs:
+        after = rows[rows["threshold"].notna()]
+        final.append(float(rows["ema"].iloc[-1] * std_filter_factor) if rows["ema"].notna().any() else None)
+        dropped.append(float(after["fraction_filtered"].mean()) if len(after) else 0.0)
+    return {"variant": main, "final_threshold": final, "fraction_filtered": float(np.mean(dropped)),
+            "fraction_filtered_by_seed": dropped,
+            "threshold_by_step": [[None if pd.isna(x) else float(x) for x in rows["threshold"]] for rows in runs],
+            "fraction_filtered_by_step": [rows["fraction_filtered"].tolist() for rows in runs],
+            "rollouts_by_step": [rows["rollouts"].tolist() for rows in runs], "warmup_window": list(warmup)}
