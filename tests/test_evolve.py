@@ -1,7 +1,9 @@
 """Elo-Evolve training parts: quality judge, win/loss reward with ties and the length rule, the reward's
 side data, the opponent pool through the one cache, length-controlled win rate, the held-out comparisons,
 and per-prompt opponents wired into GRPO on the resumable loop."""
+import dataclasses
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -189,7 +191,7 @@ def fake_eval(p_win, words, ref_words=None, correct=None):
                          "correct": correct if correct is not None else (np.asarray(p_win) > 0.5).astype(float)})
 
 
-def test_compare_only_healthy_arms_and_lc_difference():
+def test_compare_pairs_by_seed_and_a_failed_arm_is_still_judged():
     rng = np.random.default_rng(0)
     n = 60
     evals = {"point": fake_eval(rng.uniform(0.0, 0.4, n), [10] * n), "static": fake_eval(rng.uniform(0.3, 0.7, n), [10] * n),
@@ -198,26 +200,85 @@ def test_compare_only_healthy_arms_and_lc_difference():
     out = evolve_eval.compare(evals, records, [("static", "point"), ("elo", "static")], "p_win", seed=0)
     for k in ("static - point", "elo - static"):
         est, (lo, hi) = out[k]["difference"], out[k]["ci95"]
-        assert 0 < lo <= est <= hi and evolve_eval.part_verdict(out[k]) == "reproduced"
+        assert 0 < lo <= est <= hi and out[k]["n"] == "1 seed x 60 questions"
+        assert evolve_eval.part_verdict(out[k]) == "inconclusive"            # one training run: at most inconclusive
     assert out["elo - static"]["difference"] == pytest.approx(evals["elo"]["p_win"].mean() - evals["static"]["p_win"].mean())
-    records["static"] = {"healthy": False, "failed_checks": ["learned"]}
-    out = evolve_eval.compare(evals, records, [("static", "point"), ("elo", "point")], "correct", seed=0)
-    assert out["static - point"]["failed"] == ["static"] and "interval" in out["elo - point"]["basis"]
-    assert evolve_eval.part_verdict(out["static - point"]) == "not tested"
-    assert "static failed" in evolve_eval.describe(out)
-    d, lo, hi = evolve_eval.lc_difference(evals["elo"], evals["point"], n_boot=200, seed=0)
-    assert 0 < lo <= d <= hi                                        # equal lengths: the plain win-rate gap
-    assert d == pytest.approx(evals["elo"]["p_win"].mean() - evals["point"]["p_win"].mean(), abs=1e-9)
+    # three training seeds per arm, paired by seed and question
+    seeded = {k: [fake_eval(np.clip(v["p_win"] + d, 0, 1), [10] * n) for d in (0.0, 0.02, -0.02)] for k, v in evals.items()}
+    recs = {k: [r] * 3 for k, r in records.items()}
+    out = evolve_eval.compare(seeded, recs, [("elo", "static")], "p_win", seed=0)["elo - static"]
+    assert out["n"] == "3 seeds x 60 questions" and len(out["per_seed"]) == 3 and out["probability_of_improvement"] == 1.0
+    assert evolve_eval.part_verdict(out) == "reproduced"
+    assert "seeds +" in evolve_eval.describe({"elo - static": out})
+    # a failed health check is named beside the verdict, never 'not tested'
+    recs["static"] = [records["static"], {"healthy": False, "failed_checks": ["learned"]}, records["static"]]
+    out = evolve_eval.compare(seeded, recs, [("static", "point")], "correct", seed=0)["static - point"]
+    assert out["failed"] == ["static"] and out["basis"]["health"] == "failed health check: static seed 1 (learned)"
+    assert set(out["basis"]) == {"interval", "estimate", "seed_differences", "health"}
+    assert evolve_eval.part_verdict(out) in ("reproduced", "inconclusive", "not reproduced")
+    assert "static failed health" in evolve_eval.describe({"static - point": out})
 
 
-def test_rating_rise_is_the_mean_rule_sum():
-    rating, rows, opp = 1350.0, [], np.array([1300.0, 1300.0, 1500.0, 1500.0])
-    for t in range(3):
-        s = [1.0, 1.0, 0.0, 1.0]
-        rows.append({"step": t, "opponents": ["a", "b"], "outcomes": s, "expected": elo.expected_score(rating, opp).tolist()})
-        rating = elo.update(rating, s, opp, 32.0, "mean")
-    (rise, lo, hi), n = evolve_eval.rating_rise(rows, k=32.0, n_boot=200)
-    assert rise == pytest.approx(rating - 1350.0) and n == 6 and lo <= rise <= hi
+def test_lc_win_rates_per_seed_with_the_two_level_interval():
+    rng = np.random.default_rng(0)
+    n = 60
+    a = [fake_eval(rng.uniform(0.5, 1.0, n), [10] * n) for _ in range(3)]
+    b = [fake_eval(rng.uniform(0.0, 0.5, n), [10] * n) for _ in range(3)]
+    out = evolve_eval.lc_win_rates(a, b, n_boot=200, seed=0)
+    # equal lengths: each seed's LC win rate is its plain win rate, so the difference is the win-rate gap per seed
+    want = [x["p_win"].mean() - y["p_win"].mean() for x, y in zip(a, b)]
+    assert out["per_seed"] == pytest.approx(want, abs=1e-9) and out["estimate"] == pytest.approx(np.mean(want), abs=1e-9)
+    assert 0 < out["ci95"][0] <= out["estimate"] <= out["ci95"][1] and out["n"] == "3 seeds x 60 questions"
+    # the seed level widens the interval: seeds that disagree give a wider interval than identical seeds
+    spread = [fake_eval(np.clip(x["p_win"] + d, 0, 1), [10] * n) for x, d in zip(a, (-0.2, 0.0, 0.2))]
+    same = [a[1]] * 3
+    lo_s, hi_s = evolve_eval.lc_win_rates(spread, b[1], n_boot=100, seed=1)["ci95"]
+    lo_1, hi_1 = evolve_eval.lc_win_rates(same, b[1], n_boot=100, seed=1)["ci95"]
+    assert hi_s - lo_s > 1.5 * (hi_1 - lo_1)
+    # one table for b (the base model) is paired with every seed of a; rows are matched by id
+    shuffled = b[0].sample(frac=1.0, random_state=0)
+    assert evolve_eval.lc_win_rates(a, shuffled, n_boot=10)["per_seed"] == pytest.approx(
+        evolve_eval.lc_win_rates(a, [b[0]] * 3, n_boot=10)["per_seed"])
+    with pytest.raises(ValueError, match="seeds"):
+        evolve_eval.lc_win_rates(a, b[:2])
+    # lengths that differ: each seed's value is stats.lc_win_rate's GLM estimate
+    long = [fake_eval(x["p_win"], rng.integers(5, 30, n)) for x in a]
+    want = [stats.lc_win_rate(x["p_win"], x["words"], x["ref_words"])["lc_win_rate"] for x in long]
+    assert evolve_eval.lc_win_rates(long, n_boot=10)["per_seed"] == pytest.approx(want)
+
+
+def test_arm_summary_over_seeds():
+    n = 40
+    tables = [fake_eval(np.r_[np.ones(k), np.zeros(n - k)], [10] * n).assign(format=1.0) for k in (20, 24, 28)]
+    s = evolve_eval.arm_summary(tables, n_boot=200)
+    assert s["accuracy_seeds"] == pytest.approx([0.5, 0.6, 0.7]) and s["accuracy"] == pytest.approx(0.6)
+    assert s["accuracy_ci95"][0] < 0.6 < s["accuracy_ci95"][1] and s["seeds"] == 3
+    assert s["lc_win_rate_seeds"] == pytest.approx([0.5, 0.6, 0.7]) and s["win_rate"] == pytest.approx(0.6)
+    one = evolve_eval.arm_summary(tables[0], n_boot=200)
+    assert one["seeds"] == 1 and one["accuracy_seeds"] == [0.5]
+
+
+def elo_rows(outcomes, k=32.0, rating=1350.0):
+    rows, opp = [], np.array([1300.0, 1300.0, 1500.0, 1500.0])
+    for t, s in enumerate(outcomes):
+        rows.append({"step": t, "opponents": ["a", "b"], "outcomes": s, "expected": elo.expected_score(rating, opp).tolist(),
+                     "rating_before": rating})
+        rating = elo.update(rating, s, opp, k, "mean")
+        rows[-1]["rating"] = rating
+    return rows
+
+
+def test_rating_rise_is_the_mean_rule_sum_over_seeds():
+    rows = elo_rows([[1.0, 1.0, 0.0, 1.0]] * 3)
+    rise = evolve_eval.rating_rise(rows, k=32.0, n_boot=200)
+    assert rise["rise"] == pytest.approx(rows[-1]["rating"] - 1350.0) and rise["n"] == "1 seed x 6 prompts"
+    assert rise["ci95"][0] <= rise["rise"] <= rise["ci95"][1]
+    runs = [rows, elo_rows([[1.0, 0.0, 0.0, 1.0]] * 3), elo_rows([[1.0, 1.0, 1.0, 1.0]] * 3)]
+    rise = evolve_eval.rating_rise(runs, k=32.0, n_boot=200)
+    assert rise["per_seed"] == pytest.approx([r[-1]["rating"] - 1350.0 for r in runs])
+    assert rise["rise"] == pytest.approx(np.mean(rise["per_seed"])) and rise["n"] == "3 seeds x 6 prompts"
+    with pytest.raises(ValueError, match="same number"):
+        evolve_eval.rating_rise([rows, rows[:2]], k=32.0)
 
 
 def test_rating_lag_matches_the_update():
@@ -272,14 +333,17 @@ def test_sampling_movement():
 
 def test_results_table_and_the_papers_tables():
     r = {"win_rate": 0.6, "win_rate_ci95": [0.5, 0.7], "lc_win_rate": 0.55, "lc_win_rate_ci95": [0.4, 0.7],
-         "accuracy": 0.5, "accuracy_ci95": [0.3, 0.7], "format_rate": 1.0, "mean_words": 12.0}
-    rec = {"steps": 3, "samples": 96, "zero_gradient_share": 0.5, "healthy": True}
+         "accuracy": 0.5, "accuracy_ci95": [0.3, 0.7], "accuracy_seeds": [0.45, 0.55], "format_rate": 1.0, "mean_words": 12.0}
+    rec = {"steps": 3, "samples": 96, "zero_gradient_share": 0.5, "healthy": True, "failed_checks": []}
+    bad = {**rec, "healthy": False, "failed_checks": ["length_ok"]}
     table = evolve_eval.results_table({"base": r, "point": r, "static-mid": r, "elo-T200": r},
-                                      {"point": rec, "static-mid": rec, "elo-T200": rec},
+                                      {"point": [rec, rec], "static-mid": [rec, bad], "elo-T200": rec},
                                       {"base": "base", "point": "point", "static-mid": "static-mid", "elo-T200": "elo"})
     at = evolve_eval.paper_table1(500)
     assert table.loc[3, "paper WR/LC @500"] == f"{at.loc['elo', 'alpacaeval_wr']:.2f} / {at.loc['elo', 'alpacaeval_lc']:.2f}"
     assert table.loc[0, "win rate"] == "0.600 [0.500, 0.700]" and table.loc[2, "samples"] == 96
+    assert table.loc[1, "accuracy by seed"] == "0.450 / 0.550" and table.loc[1, "health"] == "healthy"
+    assert table.loc[2, "health"] == "failed: static-mid seed 1 (length_ok)"
     both = evolve_eval.paper_tables("alpacaeval_wr")
     assert set(both["table"]) == {"table1", "table2"} and len(both[both["table"] == "table2"]) == 4
     t2 = paper.table("elo_evolve_table2")
@@ -313,15 +377,16 @@ class RecordingJudge(judging.QualityJudge):
         return super().scores(questions, answers, responses, rng)
 
 
-def run_regime(tmp_path, regime, steps=3, opponent=None, folder=None, temperature=200.0):
+def run_regime(tmp_path, regime, steps=3, opponent=None, folder=None, temperature=200.0, seed=None):
     model, tok = models.tiny_model(seed=0)
     model = models.add_lora(model, r=4, alpha=8)
     problems = tasks.make_level("1d-1step-add", 8, seed=5)
     pool = {name: [f"{name} says {p.answer + i}" for p in problems] for i, name in enumerate(("weak", "mid", "strong"))}
     judge = RecordingJudge()
     cfg = evolve.EvolveConfig(regime=regime, opponent=opponent, steps=steps, prompts_per_step=3,
-                              temperature=temperature, seed=1)
-    gcfg = grpo.GRPOConfig(num_generations=2, max_new_tokens=4, lr=1e-2, kl_beta=0.0, save_every=1)
+                              temperature=temperature, seed=1 if seed is None else seed)
+    gcfg = grpo.GRPOConfig(num_generations=2, max_new_tokens=4, lr=1e-2, kl_beta=0.0, save_every=1,
+                           seed=0 if seed is None else seed)
     rows = evolve.train(model, tok, judge, problems, pool, [1300.0, 1500.0, 1700.0], cfg, gcfg, folder, progress=False)
     return rows, judge, pool, problems, model
 
@@ -384,3 +449,32 @@ def test_a_finished_run_loads_its_final_weights(tmp_path):
     assert judge.seen == [] and len(rows) == 2           # nothing was generated or judged again
     a, b = training.trainable(trained), training.trainable(reloaded)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_training_seed_changes_the_draws_and_the_run_folder(tmp_path):
+    """Training seed s sets the prompts and opponents drawn per step and the rollouts (EvolveConfig.seed and
+    GRPOConfig.seed); the run's key, and so its folder and held-out cache, differ by seed."""
+    a, *_ = run_regime(tmp_path, "elo", steps=3, seed=0)
+    b, *_ = run_regime(tmp_path, "elo", steps=3, seed=1)
+    assert [r["opponents"] for r in a] != [r["opponents"] for r in b] or [r["outcomes"] for r in a] != [r["outcomes"] for r in b]
+    again, *_ = run_regime(tmp_path, "elo", steps=3, seed=0)
+    assert [r["rating"] for r in again] == [r["rating"] for r in a]
+    cfg, gcfg = evolve.EvolveConfig(regime="point"), grpo.GRPOConfig()
+    key = lambda s: evolve.run_key("m", replace(cfg, seed=s), replace(gcfg, seed=s), 4, {"x": ["r"]}, [1.0])  # noqa: E731
+    assert key(0) == evolve.run_key("m", cfg, gcfg, 4, {"x": ["r"]}, [1.0]) and key(0) != key(1)
+    rec = evolve_eval.arm_record("point", [{"samples": 4, "zero_std_frac": 0.0}], heldout([1.0, 0.0], [5.0, 5.0]),
+                                 {"win_rate": 0.5, "lc_win_rate": 0.5, "mean_words": 5.0}, None, training_seed=1)
+    assert rec["training_seed"] == 1
+
+
+def test_training_seeds_and_simulation_seeds_are_two_parameters():
+    from replication import runner
+    from replication.core import params as core_params
+    from replication.papers.elo_evolve.params import EloDynamics
+
+    fields = {f.name for f in dataclasses.fields(EloDynamics)}
+    assert {"seeds", "sim_seeds"} <= fields and "n_seeds" not in fields
+    cell = core_params.cell_values(runner.NOTEBOOKS / "02_elo_dynamics.ipynb")
+    seeds = {p: core_params.profile_values("02_elo_dynamics", p, runner.NOTEBOOKS).get("seeds", cell["seeds"])
+             for p in ("smoke", "default", "gpu", "paper")}
+    assert seeds == {"smoke": 1, "default": 3, "gpu": 5, "paper": 5}

@@ -3,6 +3,7 @@ import pytest
 from scipy import stats as st
 
 from replication.core import fmt
+from replication.lm import judges
 from replication.papers.elo_evolve import noise
 
 
@@ -168,3 +169,29 @@ def test_paper_csv_reproduces_with_the_estimators():
     got = noise.thurstone_sigma(by_gap["accuracy"].to_numpy(), by_gap["gap"].to_numpy())
     assert np.allclose(got, by_gap["sigma_comp"], rtol=0.02)
     assert noise.sigma_abs_eff(stats["slope_a"], stats["sigma_residual"]) == pytest.approx(stats["sigma_abs_eff"], rel=0.01)
+
+
+def test_redraws_are_the_judges_own_draws(tiny):
+    from replication.lm import judges
+
+    model, tok = tiny
+    probs, scores = judges.absolute(model, tok, ["q1", "q2", "q3"], ["r1", "r2", "r3"], k=5, seed=7, batch_size=3)
+    assert np.array_equal(judges.sample_scores(probs, 5, 7), scores)
+    df = judges.pairwise(model, tok, ["q"] * 2, ["good", "fine"], ["bad", "poor"], k=4, seed=3)
+    assert np.array_equal(judges.sample_wins(df["p_better"], 4, 3), np.stack(df["wins"]))
+
+
+def test_redraw_ratios_refit_each_draw_of_the_sampled_judgments():
+    rng = np.random.default_rng(0)
+    q = np.repeat(np.arange(1, 6), 20).astype(float)
+    probs = np.array([np.exp(-0.8 * (np.arange(1, 6) - x) ** 2) for x in q])   # scores centred on the quality
+    gaps, wins = np.tile([1.0, 2.0], 50), (rng.random(100) < 0.8).astype(float)
+    out = noise.redraw_ratios(q, probs, 5, [11, 12, 13], gaps, wins=wins, n_boot=100, boot_seed=1)
+    first = noise.fit_absolute(q, judges.sample_scores(probs, 5, 11))["sigma_abs_eff"]
+    want = first / noise.fit_pairwise(gaps, wins)["per_gap"][1.0]["sigma_comp"]
+    assert out.loc[0, "ratio"] == pytest.approx(want) and len(out) == 3
+    assert out["sigma_comp"].nunique() == 1 and out["sigma_abs_eff"].nunique() == 3   # the comparisons stay, the scores vary
+    assert (out["ratio_lo"] <= out["ratio"]).all() and (out["ratio"] <= out["ratio_hi"]).all()
+    p_better = np.full(100, 0.8)
+    sampled = noise.redraw_ratios(q, probs, 5, [11, 12], gaps, p_better=p_better, verdict_seeds=[21, 22], n_boot=100)
+    assert sampled["sigma_comp"].nunique() == 2                                         # the verdicts are drawn again too

@@ -42,14 +42,25 @@ def answer_probs(model, tok, prompts, options, batch_size: int = 16, progress: b
     return np.concatenate(out) if out else np.zeros((0, len(options)))
 
 
+def sample_scores(probs, k: int, seed: int) -> np.ndarray:
+    """k 1-5 scores per response drawn from the judge's score distribution (rows of `probs`, from answer_probs)."""
+    rng = np.random.default_rng(seed)
+    return (np.stack([rng.choice(5, size=k, p=p / p.sum()) + 1 for p in np.asarray(probs, float)]) if len(probs)
+            else np.zeros((0, k)))
+
+
+def sample_wins(p_better, k: int, seed: int) -> np.ndarray:
+    """k verdicts per pair (1: the better reply wins) drawn from the order-averaged P(better wins)."""
+    p = np.asarray(p_better, float)
+    return (np.random.default_rng(seed).random((len(p), k)) < p[:, None]).astype(float)
+
+
 def absolute(model, tok, questions, responses, k: int = 5, seed: int = 0, batch_size: int = 16, progress=False):
     """k independent 1-5 scores per response, drawn from the judge's score distribution: (probs, scores)."""
     config.check_int("k", k)
     probs = answer_probs(model, tok, [ABSOLUTE.format(task=q, response=r) for q, r in zip(questions, responses)],
                          SCORES, batch_size, progress)
-    rng = np.random.default_rng(seed)
-    scores = np.stack([rng.choice(5, size=k, p=p / p.sum()) + 1 for p in probs]) if len(probs) else np.zeros((0, k))
-    return probs, scores
+    return probs, sample_scores(probs, k, seed)
 
 
 def pairwise(model, tok, questions, better, worse, k: int = 5, seed: int = 0, batch_size: int = 16, progress=False):
@@ -62,8 +73,7 @@ def pairwise(model, tok, questions, better, worse, k: int = 5, seed: int = 0, ba
     n = len(questions)
     p_first, p_second = p[:n], 1 - p[n:]
     debiased = (p_first + p_second) / 2
-    rng = np.random.default_rng(seed)
-    wins = (rng.random((n, k)) < debiased[:, None]).astype(float)
+    wins = sample_wins(debiased, k, seed)
     return pd.DataFrame({"p_better_first": p_first, "p_better_second": p_second, "p_better": debiased,
                          "wins": list(wins), "win_rate": wins.mean(1), "p_says_a_first": p[:n],
                          "p_says_a_second": p[n:]})

@@ -1,7 +1,8 @@
 """Elo-Evolve's held-out comparison (Table 1 at the workbook's scale): the judge's accuracy on right/wrong pairs, the
 static opponent's rule, training an arm and judging its greedy replies against a reference, the health checks an
-arm must pass before it is compared, the per-arm records, paired differences, the length-controlled difference,
-the policy's rating rise, and the paper's Tables 1-2. Every interval comes from replication.core.stats."""
+arm must pass, the per-arm records and summaries over training seeds, paired differences, the length-controlled
+difference, the policy's rating rise, and the paper's Tables 1-2. Every interval comes from replication.core.stats;
+over training seeds it resamples the seeds, then the questions (or prompts) within each seed."""
 import numpy as np
 
 from replication.core import config, files, fmt, paper, stats, verdicts
@@ -104,31 +105,40 @@ def health(rows, table, base, regime: str, n_boot: int = 1000, seed: int = 0) ->
                        train_tokens=[r["completion_len"] for r in rows])
 
 
-def arm_record(name: str, rows, table, summary: dict, check: dict) -> dict:
-    """arms.record of one trained arm (samples: completions trained on), then the share of groups with equal rewards
-    (no GRPO gradient), the win rates against the reference and the reply length in words."""
+def arm_record(name: str, rows, table, summary: dict, check: dict, training_seed: int = None) -> dict:
+    """arms.record of one trained arm and training seed (samples: completions trained on), then the share of groups
+    with equal rewards (no GRPO gradient), the win rates against the reference and the reply length in words."""
     return arms.record(name, table["correct"], len(rows), sum(r["samples"] for r in rows), check,
-                       zero_gradient_share=float(np.mean([r["zero_std_frac"] for r in rows])),
+                       training_seed=training_seed, zero_gradient_share=float(np.mean([r["zero_std_frac"] for r in rows])),
                        win_rate=float(summary["win_rate"]), lc_win_rate=float(summary["lc_win_rate"]),
                        mean_words=float(summary["mean_words"]))
 
 
 def compare(evals: dict, records: dict, pairs, column: str = "p_win", seed: int = 0) -> dict:
-    """arms.compare for (a, b) pairs of arms on the same held-out problems (the mean of `column`: p_win, the win
-    rate against the reference; correct, accuracy), each with its own bootstrap seed."""
+    """arms.compare for (a, b) pairs of arms on the same held-out problems and training seeds (the mean of `column`:
+    p_win, the win rate against the reference; correct, accuracy), each with its own bootstrap seed. evals[arm]:
+    one judge_heldout table or a list of them, one per training seed."""
     return {f"{a} - {b}": arms.compare(a, b, evals, records, column, on="id",
                                        seed=config.derive_seed(seed, "paired", a, b, column)) for a, b in pairs}
 
 
-def part_verdict(entry: dict) -> str:
-    """The verdict of one compared pair (an entry of compare()): from its interval, or not tested when an arm failed."""
-    return verdicts.verdict(**entry["basis"])
+def part_verdict(entry: dict, effect: float = None) -> str:
+    """The verdict of one compared pair (an entry of compare()) by the one rule: its two-level interval and per-seed
+    differences (one seed: at most inconclusive). A failed health check does not enter it: run.claim names it beside."""
+    b = entry["basis"]
+    return verdicts.verdict(interval=b["interval"], seed_differences=b.get("seed_differences"), effect=effect)
 
 
 def describe(comparisons: dict) -> str:
-    """'a - b +0.031 [-0.012, +0.075]; ...' for compare()'s entries (pairs with a failed arm named as such)."""
-    return "; ".join(f"{k} {fmt.diff((v['difference'], *v['ci95']))}" if not v["failed"] else f"{k} not compared "
-                     f"({', '.join(v['failed'])} failed)" for k, v in comparisons.items())
+    """'a - b +0.031 [-0.012, +0.075] (seeds +0.020 / +0.050 / +0.030); ...' for compare()'s entries, an arm that
+    failed its health check named beside its pair."""
+    out = []
+    for k, v in comparisons.items():
+        text = f"{k} {fmt.diff((v['difference'], *v['ci95']))}"
+        if len(v["per_seed"]) > 1:
+            text += " (seeds " + " / ".join(f"{x:+.3f}" for x in v["per_seed"]) + ")"
+        out.append(text + (f" ({', '.join(v['failed'])} failed health)" if v["failed"] else ""))
+    return "; ".join(out)
 
 
 def rating_lag(k: float) -> float:
@@ -139,28 +149,87 @@ def rating_lag(k: float) -> float:
     return 1600.0 / (k * np.log(10.0))
 
 
-def lc_difference(a, b, n_boot: int = 1000, seed: int = 0):
-    """(LC win rate of a - that of b, low, high) on the same held-out problems: stats.lc_win_rate of each,
-    with a percentile bootstrap over problems (stats.bootstrap). a, b: judge_heldout rows."""
-    cols = [np.asarray(x[c], float) for x, c in ((a, "p_win"), (a, "words"), (b, "p_win"), (b, "words"), (a, "ref_words"))]
-    gap = lambda pa, wa, pb, wb, ref: (stats.lc_win_rate(pa, wa, ref)["lc_win_rate"]  # noqa: E731
-                                       - stats.lc_win_rate(pb, wb, ref)["lc_win_rate"])
-    return stats.bootstrap(gap, *cols, n_boot=n_boot, seed=config.derive_seed(seed, "lc-difference"))
+def _aligned(tables, like):
+    """The tables (one per seed) with their rows in the order of `like`'s ids (the same held-out questions)."""
+    out = []
+    for t in tables:
+        if sorted(t["id"]) != sorted(like["id"]):
+            raise ValueError("the held-out tables must answer the same questions")
+        out.append(t.set_index("id").loc[list(like["id"])].reset_index())
+    return out
 
 
-def rating_rise(rows, k: float, n_boot: int = 2000, seed: int = 0):
-    """(change of the policy's Elo over a run under the mean rule, low, high): K times the sum over steps of
-    the mean of (S - E), with a bootstrap interval resampling prompts (a prompt's G matches share its
-    opponent), and the number of prompts. rows: an Elo run's step rows (they log outcomes and expected)."""
-    d, groups = [], []
-    for r in rows:
-        s, e = np.asarray(r["outcomes"], float), np.asarray(r["expected"], float)
-        g = len(s) // len(r["opponents"])
-        d += (s - e).tolist()
-        groups += [f"{r['step']}-{i // g}" for i in range(len(s))]
-    rise = stats.bootstrap(lambda x: k * len(rows) * x.mean(), np.array(d), groups=groups, n_boot=n_boot,
-                           seed=config.derive_seed(seed, "rating-rise"))
-    return rise, len(set(groups))
+def _lc(p, words_, ref_words):
+    """stats.lc_win_rate's estimate alone: with no spread of length differences it is the mean win probability, which
+    is taken directly here (stats.lc_win_rate would also bootstrap its interval, on every draw of lc_win_rates)."""
+    d = words_ - ref_words
+    if np.ptp(d) == 0:
+        return float(np.clip(p, 0.0, 1.0).mean())
+    return stats.lc_win_rate(p, words_, ref_words)["lc_win_rate"]
+
+
+def lc_win_rates(a, b=None, n_boot: int = 1000, seed: int = 0) -> dict:
+    """The length-controlled win rate of arm a over training seeds, or, given b, a's minus b's on the same questions
+    and seeds: stats.lc_win_rate (a GLM fitted per arm and seed) per seed, their mean, and the 95% interval of
+    stats.nested_bootstrap (the seeds, then the questions within each drawn seed, paired for a and b), refitting the
+    GLMs on every draw: the GLM has no per-question value for stats.two_level_bootstrap.
+    a, b: judge_heldout tables, one or a list per training seed (b may be one table, e.g. the base model)."""
+    ta = arms.by_seed(a)
+    tb = None if b is None else arms.by_seed(b)
+    if tb is not None and len(tb) not in (1, len(ta)):
+        raise ValueError(f"a has {len(ta)} seeds and b {len(tb)}; pair the same training seeds")
+    tb = None if tb is None else _aligned(tb * (len(ta) if len(tb) == 1 else 1), ta[0])
+    ta = _aligned(ta, ta[0])
+    cols = lambda t: [t[c].to_numpy(float) for c in ("p_win", "words", "ref_words")]  # noqa: E731
+    units = [cols(x) + ([] if tb is None else cols(tb[i])) for i, x in enumerate(ta)]
+
+    def value(*c):   # one seed's (resampled) questions: a's LC win rate, minus b's when given
+        return _lc(*c[:3]) - (_lc(*c[3:]) if len(c) > 3 else 0.0)
+
+    n, q = len(ta), len(ta[0])
+    per_seed = [value(*u) for u in units]
+    _, lo, hi = stats.nested_bootstrap(value, units, [np.arange(q)] * n, n_boot=n_boot, seed=seed)
+    return {"estimate": float(np.mean(per_seed)), "ci95": [float(lo), float(hi)], "per_seed": [float(x) for x in per_seed],
+            "seeds": n, "questions": q, "n": f"{n} seed{'s' if n > 1 else ''} x {q} questions"}
+
+
+def arm_summary(tables, n_boot: int = 1000, seed: int = 0) -> dict:
+    """One arm's held-out numbers over its training seeds (tables: judge_heldout rows, one or a list per seed): win
+    rate against the reference and accuracy (stats.two_level_bootstrap over seeds x questions), the LC win rate
+    (lc_win_rates), each with its per-seed values (`<metric>_seeds`), and the mean format rate and words."""
+    tables = arms.by_seed(tables)
+    out = {"seeds": len(tables)}
+    for key, col in (("win_rate", "p_win"), ("accuracy", "correct")):
+        x = np.array([t[col].to_numpy(float) for t in tables])
+        est, lo, hi = stats.two_level_bootstrap(x, n_boot=n_boot, seed=config.derive_seed(seed, key))
+        out.update({key: est, f"{key}_ci95": [lo, hi], f"{key}_seeds": x.mean(axis=1).tolist()})
+    lc = lc_win_rates(tables, n_boot=n_boot, seed=config.derive_seed(seed, "lc_win_rate"))
+    out.update(lc_win_rate=lc["estimate"], lc_win_rate_ci95=lc["ci95"], lc_win_rate_seeds=lc["per_seed"],
+               format_rate=float(np.mean([t["format"].mean() for t in tables])),
+               mean_words=float(np.mean([t["words"].mean() for t in tables])))
+    return out
+
+
+def rating_rise(runs, k: float, n_boot: int = 2000, seed: int = 0) -> dict:
+    """The change of the policy's Elo over a run under the mean rule, K times the sum over steps of mean(S - E), over
+    training seeds. runs: one Elo run's step rows (they log outcomes and expected) or a list of runs, one per seed.
+    Per prompt (its G matches share its opponent): K x steps x its mean(S - E), whose mean over a run's prompts is the
+    run's rise; the interval is stats.two_level_bootstrap's over seeds x prompts."""
+    runs = [runs] if runs and isinstance(runs[0], dict) else list(runs)
+    per_prompt = []
+    for rows in runs:
+        v = []
+        for r in rows:
+            d = np.asarray(r["outcomes"], float) - np.asarray(r["expected"], float)
+            v += (k * len(rows) * d.reshape(len(r["opponents"]), -1).mean(axis=1)).tolist()
+        per_prompt.append(v)
+    if len({len(v) for v in per_prompt}) != 1:
+        raise ValueError("every seed's run must have the same number of steps and prompts")
+    x = np.array(per_prompt)
+    est, lo, hi = stats.two_level_bootstrap(x, n_boot=n_boot, seed=config.derive_seed(seed, "rating-rise"))
+    n = len(x)
+    return {"rise": est, "ci95": [lo, hi], "per_seed": x.mean(axis=1).tolist(), "seeds": n, "prompts": x.shape[1],
+            "n": f"{n} seed{'s' if n > 1 else ''} x {x.shape[1]} prompts"}
 
 
 def sampling_movement(rows, names) -> dict:
@@ -195,22 +264,25 @@ def paper_tables(metric: str = "alpacaeval_wr"):
     return out.reset_index()
 
 
-def results_table(results: dict, records: dict, roles: dict, step: int = 500):
-    """Each arm's held-out win rate, LC win rate and accuracy with 95% intervals, format, words, steps,
-    completions trained on, zero-gradient share and health, beside the paper's WR / LC at `step`.
-    roles: arm name -> the paper's regime it stands for (base, point, static-mid, elo...)."""
+def results_table(summaries: dict, records: dict, roles: dict, step: int = 500):
+    """Each arm's held-out win rate, LC win rate and accuracy over its training seeds (arm_summary: mean with the
+    two-level 95% interval, and the per-seed accuracies), format, words, steps, completions trained on per seed,
+    zero-gradient share and health, beside the paper's WR / LC at `step`. records: arm -> arm_record or a list per
+    seed; roles: arm name -> the paper's regime it stands for (base, point, static-mid, elo...)."""
     import pandas as pd
 
     at = paper_table1(step)
     ci = lambda r, key: f"{r[key]:.3f} [{r[key + '_ci95'][0]:.3f}, {r[key + '_ci95'][1]:.3f}]"  # noqa: E731
     rows = []
-    for name, r in results.items():
-        rec, reg = records.get(name, {}), roles.get(name)
+    for name, r in summaries.items():
+        recs, reg = arms.by_seed(records.get(name, [])), roles.get(name)
+        failed = arms.failed_text([name], {name: recs}) if recs else None
         rows.append({"arm": name, "win rate": ci(r, "win_rate"), "LC win rate": ci(r, "lc_win_rate"),
-                     "accuracy": ci(r, "accuracy"), "format": round(r["format_rate"], 3), "words": round(r["mean_words"], 1),
-                     "steps": rec.get("steps", 0), "samples": rec.get("samples", 0),
-                     "zero-gradient groups": round(rec["zero_gradient_share"], 3) if rec else None,
-                     "healthy": rec.get("healthy", True),
+                     "accuracy": ci(r, "accuracy"), "accuracy by seed": " / ".join(f"{x:.3f}" for x in r["accuracy_seeds"]),
+                     "format": round(r["format_rate"], 3), "words": round(r["mean_words"], 1),
+                     "steps": recs[0]["steps"] if recs else 0, "samples": recs[0]["samples"] if recs else 0,
+                     "zero-gradient groups": round(float(np.mean([x["zero_gradient_share"] for x in recs])), 3) if recs else None,
+                     "health": "healthy" if not failed else failed.replace("failed health check: ", "failed: "),
                      f"paper WR/LC @{step}": (f"{at.loc[reg, 'alpacaeval_wr']:.2f} / {at.loc[reg, 'alpacaeval_lc']:.2f}"
                                               if reg in at.index else "")})
     return pd.DataFrame(rows)

@@ -12,6 +12,7 @@ from scipy import stats as st
 
 from replication.core import config
 from replication.core.stats import proportion_ci
+from replication.lm import judges
 
 
 def _as_scores(quality, scores, scale):
@@ -133,6 +134,31 @@ def bootstrap_ratio(quality, scores, gaps, wins, n_boot: int = 1000, seed: int =
         # x / 0 (every comparison of the draw right) is inf
     return {"sigma_abs_eff": abs_eff, "sigma_comp": comp, "ratio": ratio,
             "ci95": {"sigma_abs_eff": _ci(abs_eff), "sigma_comp": _ci(comp), "ratio": _ci(ratio)}}
+
+
+def redraw_ratios(quality, probs, k: int, score_seeds, gaps, wins=None, p_better=None, verdict_seeds=None,
+                  n_boot: int = 1000, boot_seed: int = 0, gap: float = 1.0) -> pd.DataFrame:
+    """The real judge's noise ratio over independent draws of its sampled judgments, fitted as in the notebook.
+    Each draw takes the k prompted 1-5 scores per response again from `probs` (score_seeds, one per draw) and,
+    given p_better, the k A/B verdicts per pair (verdict_seeds; bootstrap resamples whole pairs); otherwise the
+    comparisons `wins` (one per pair, gaps) stay, as for a deterministic judge. One row per draw: sigma_abs,eff,
+    sigma_comp at `gap`, the ratio and its bootstrap 95% interval (bootstrap_ratio with boot_seed)."""
+    q, g = np.asarray(quality, float), np.asarray(gaps, float)
+    rows = []
+    for i, s in enumerate(score_seeds):
+        scores = judges.sample_scores(probs, k, s)
+        if p_better is None:
+            w, gg, groups = np.asarray(wins, float), g, None
+        else:
+            w, gg = judges.sample_wins(p_better, k, verdict_seeds[i]).ravel(), np.repeat(g, k)
+            groups = np.repeat(np.arange(len(g)), k)
+        fa, fp = fit_absolute(q, scores), fit_pairwise(gg, w)["per_gap"].get(gap, {"sigma_comp": float("nan")})
+        lo, hi = bootstrap_ratio(q, scores, gg, w, n_boot=n_boot, seed=boot_seed, gap=gap, groups=groups)["ci95"]["ratio"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = fa["sigma_abs_eff"] / fp["sigma_comp"] if fp["sigma_comp"] else float("inf")
+        rows.append({"draw": i, "sigma_abs_eff": fa["sigma_abs_eff"], "sigma_comp": fp["sigma_comp"], "ratio": ratio,
+                     "ratio_lo": lo, "ratio_hi": hi})
+    return pd.DataFrame(rows)
 
 
 def _ci(x) -> list:

@@ -19,6 +19,7 @@ class Noise(Params):
     judge_questions: int = p()
     pairs_per_question: int = p()
     k: int = p()
+    judge_draws: int = p()
     batch_size: int = p()
 
 
@@ -28,7 +29,7 @@ class EloDynamics(Params):
     sim_steps: int = p()
     sim_batch: Optional[int] = p()
     sim_group_size: int = p()
-    n_seeds: int = p()
+    sim_seeds: int = p()
     eta: float = p(low=1e-9, high=100.0)
     temperatures: list = p(each={"low": 1e-9, "high": 1e9})
     sweep: list = p(each={"low": 1e-9, "high": 1e9})
@@ -41,6 +42,7 @@ class EloDynamics(Params):
     shots: int = p(minimum=0)
     n_train: int = p()
     n_heldout: int = p()
+    seeds: int = p()
     train_steps: int = p()
     prompts_per_step: int = p()
     group_size: int = p(minimum=2)
