@@ -1,6 +1,7 @@
 """Multi-Agent Evolve: the reward formulas, the filter, per-role whitening, the judge's `<score>` prefill, the
 verifier-judge arm, the loop, and the statistics the notebook takes from replication.core.stats (agreement at MAE's cut,
 McNemar). The score rules: test_mae_scores.py; the held-out records and health: test_mae_eval.py."""
+import dataclasses
 import json
 import random
 
@@ -10,7 +11,7 @@ import torch
 from scipy.stats import mannwhitneyu
 
 from replication.core import fmt, stats
-from replication.lm import loop, models, tasks
+from replication.lm import arms, loop, models, tasks
 from replication.papers.mae import mae, mae_eval, mae_scores
 
 
@@ -150,6 +151,26 @@ def test_loop_updates_the_model_and_resumes_exactly(tmp_path):
     assert _results(again["rows"]) == _results(out["rows"]) and again["pool"] == out["pool"]
     c = loop.trainable(again_model)
     assert all(torch.equal(weights[k], c[k]) for k in weights)
+
+
+def test_a_training_seed_changes_the_run_and_the_first_keeps_its_key():
+    """Notebook 06 trains each arm once per training seed (arms.training_seeds), the seed being MAEConfig.seed: the
+    first training seed is the one-run config, so its run folder and held-out cache keys stay; another seed changes
+    the adapter's initialisation and the rollouts (sampling and pool draws)."""
+    from types import SimpleNamespace
+
+    params = SimpleNamespace(iterations=1, seed=0, seeds=3)  # the notebook's `seeds` is not a loop setting
+    cfg = mae.MAEConfig.from_params(params)
+    questions = tasks.make_level("1d-1step-add", 4)
+    per_seed = [dataclasses.replace(cfg, seed=s) for s in arms.training_seeds(params.seed, params.seeds)]
+    assert mae.run_key("m", questions, per_seed[0]) == mae.run_key("m", questions, cfg)
+    assert len({json.dumps(mae.run_key("m", questions, c)) for c in per_seed}) == 3
+    init = [loop.trainable(mae.new_adapter(models.tiny_model(seed=0)[0], "arm", mae.MAEConfig(seed=s))) for s in (0, 0, 1)]
+    lora_a = [torch.cat([w.flatten() for n, w in sorted(x.items()) if "lora_A" in n]) for x in init]
+    assert torch.equal(lora_a[0], lora_a[1]) and not torch.equal(lora_a[0], lora_a[2])
+    runs = [_loop(None, f"s{s}", 1, seed=s)[1] for s in (0, 0, 1)]
+    assert _results(runs[0]["proposals"]) == _results(runs[1]["proposals"])
+    assert _results(runs[0]["proposals"]) != _results(runs[2]["proposals"])
 
 
 def test_mcnemar_on_paired_outcomes_is_exact():

@@ -1,9 +1,11 @@
 """Multi-Agent Evolve at the workbook's scale: the solver on held-out questions (greedy, exact verifier), the judge
 scored against that verifier (with and without its `<score>` prefill), each trained arm's health check and record
-(replication.lm.arms, the one every trained arm of the workbook passes), pool summaries and the paper's tables."""
+(replication.lm.arms, the one every trained arm of the workbook passes), pool summaries, the arms' numbers over their
+training seeds (two-level intervals: seeds, then questions or proposals) and the paper's tables."""
+import numpy as np
 import pandas as pd
 
-from replication.core import paper, stats
+from replication.core import fmt, paper, stats
 from replication.lm import arms, models, tasks
 from . import mae, mae_scores
 
@@ -86,6 +88,69 @@ def arm_summary(result: dict, iterations: int) -> dict:
             "filtered": int(r["filtered"].sum()), "no_question": int(r["no_question"].sum()),
             "mean_quality_accepted": float(quality.mean()) if len(quality) else None,
             **{k: float(r[k].mean()) for k in ("proposer_reward", "proposer_difficulty", "solver_reward", "judge_format")}}
+
+
+def seed_curves(rows, column: str) -> pd.DataFrame:
+    """One per-iteration column of an arm's training seeds (a list of row frames): iteration (from 1) x seed index."""
+    return pd.DataFrame({i: r.set_index(r["iteration"] + 1)[column] for i, r in enumerate(rows)})
+
+
+def seed_lines(ax, curves: pd.DataFrame, color, label: str, style: str = "o-") -> None:
+    """Training curves on a matplotlib axis: each training seed's (a column of `curves`) thin, their mean bold."""
+    ax.plot(curves.index, curves, color=color, lw=0.7, alpha=0.35)
+    ax.plot(curves.index, curves.mean(axis=1), style, color=color, label=label)
+
+
+def versus(c: dict) -> str:
+    """An arms.compare result as ledger text: 'a - b +0.062 [+0.000, +0.284] (seeds: +0.125, +0.000; P(improvement)
+    0.75)'."""
+    seeds = ", ".join(f"{d:+.3f}" for d in c["per_seed"])
+    return (f"{c['pair']} {fmt.diff((c['difference'], *c['ci95']))} (seeds: {seeds}; "
+            f"P(improvement) {c['probability_of_improvement']:.2f})")
+
+
+def share(s: dict) -> str:
+    """A share over seeds (_over_seeds) as text: '25% [12%, 40%]'."""
+    return f"{s['mean']:.0%} [{s['ci95'][0]:.0%}, {s['ci95'][1]:.0%}]"
+
+
+def _over_seeds(values, n_boot: int, seed: int, unit: str = "questions") -> dict:
+    """The mean of a seeds x items array with its two-level 95% interval (stats.two_level_bootstrap: seeds, then items
+    within a seed), each seed's mean, and n as '3 seeds x 200 questions'."""
+    x = np.asarray(values, float)
+    mean, lo, hi = stats.two_level_bootstrap(x, n_boot=n_boot, seed=seed)
+    k = x.shape[0]
+    return {"mean": mean, "ci95": [lo, hi], "per_seed": [float(v) for v in x.mean(axis=1)],
+            "n": f"{k} seed{'s' if k > 1 else ''} x {x.shape[1]} {unit}"}
+
+
+def accuracy_over_seeds(tables, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Held-out accuracy of an arm over its training seeds (one table per seed, the same questions; an untrained arm:
+    one table): the accuracy (mean over seeds), its two-level 95% interval and each seed's accuracy."""
+    out = _over_seeds([t.sort_values("qid")["correct"] for t in arms.by_seed(tables)], n_boot, seed)
+    return {"accuracy": out.pop("mean"), **out}
+
+
+def agreement_over_seeds(judged, n_boot: int = 1000, seed: int = 0) -> dict:
+    """The trained judge of each training seed against the verifier (judge_summary per seed, on that seed's held-out
+    replies) and its agreement above the majority-class baseline over seeds: per reply, (score >= the rubric's cut)
+    == correct minus its seed's baseline; the mean with its two-level 95% interval and each seed's value."""
+    per_seed = [judge_summary(j) for j in judged]
+    above = [((j["score"] >= mae.AGREEMENT_CUT) == j["correct"].astype(bool)).to_numpy(float) - s["majority_baseline"]
+             for j, s in zip(judged, per_seed)]
+    return {"per_seed": per_seed, "above_baseline": _over_seeds(above, n_boot, seed)}
+
+
+def proposal_shares(results, n_boot: int = 1000, seed: int = 0) -> dict:
+    """What the quality filter did with an arm's proposals over its training seeds (one loop result per seed, the same
+    number of proposals each): the share accepted into the pool and the share filtered out (a question judged below
+    the threshold), each over all proposals with its two-level 95% interval and per-seed shares."""
+    props = [pd.DataFrame(r["proposals"]) for r in results]
+    accepted = [p["accepted"].astype(bool) for p in props]
+    filtered = [p["question"].notna() & ~a for p, a in zip(props, accepted)]
+    return {"accepted": _over_seeds(accepted, n_boot, seed, "proposals"),
+            "filtered": _over_seeds(filtered, n_boot, seed, "proposals"),
+            "held_question": int(sum(p["question"].notna().sum() for p in props))}
 
 
 def settings_table(cfg: "mae.MAEConfig") -> pd.DataFrame:

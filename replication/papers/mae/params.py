@@ -10,6 +10,7 @@ from . import mae_scores
 class MAE(Params):
     model: str = MODEL
     device: str = DEVICE
+    seeds: int = p()
     seed_level: str = p(choices=tuple(tasks.LEVELS))
     shots: int = p(minimum=0)
     n_seed_questions: int = p()
