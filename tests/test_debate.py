@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from replication.core import config, fmt, stats
-from replication.lm import elo
+from replication.core import config, fmt, stats, verdicts
+from replication.lm import arms, elo
 from replication.papers.debate import debate, debate_eval, debate_sim as ds
 
 STORY = "Before the storm, Ines hid the brass key in the \u201cblue lantern\u201d. Tomas searched the cargo-bay all night!"
@@ -100,19 +100,93 @@ def _judgment(p):
     return {"p_correct": p, "p_correct_first": p, "p_correct_second": p, "p_first": np.full(len(p), 0.5)}
 
 
-def test_protocol_differences_are_paired_bootstraps_on_questions():
+def _judged(rng, n_draws, n=30):
+    j = {"naive": _judgment(rng.uniform(0, 1, n)), "expert": _judgment(rng.uniform(0.4, 1, n))}
+    for k, low in (("debate", 0.3), ("consultancy", 0.0)):
+        per = 2 if k == "consultancy" else 1
+        j[k] = [_judgment(rng.uniform(low, 1, n * per)) for _ in range(n_draws)]
+        j[f"{k} (best-of-1)"] = [_judgment(rng.uniform(low, 1, n * per)) for _ in range(n_draws)]
+    outs = {k: [{"arguments": [{"words": 3}]} for _ in range(n_draws)] for k in ("debate", "consultancy")}
+    return j, debate_eval.protocol_records(j, outs, 4, list(range(n_draws)))
+
+
+def test_protocol_differences_pair_draws_and_questions():
+    """Over draws of the arguments: the interval is the two-level bootstrap of the draws x questions differences
+    (the naive judge, with no arguments, paired with every draw), each draw's difference beside it, n in draws."""
+    j, records = _judged(np.random.default_rng(0), 3)
+    d = debate_eval.protocol_differences(j, records, seed=1)
+    assert set(d) == set(debate_eval.PAIRS)
+    c = d["debate - consultancy"]
+    diffs = np.array([debate_eval.hits(x["p_correct"]) - debate_eval.question_scores(y["p_correct"], 2)
+                      for x, y in zip(j["debate"], j["consultancy"])])
+    want = stats.two_level_bootstrap(diffs, seed=config.derive_seed(1, "bootstrap", "debate - consultancy"))
+    assert c["diff"] == pytest.approx(want) and c["per_seed"] == pytest.approx(diffs.mean(1).tolist())
+    assert c["n"] == "3 draws x 30 questions" and c["basis"]["seed_differences"] == pytest.approx(c["per_seed"])
+    naive = d["debate - naive"]["per_seed"]
+    assert naive == pytest.approx([(debate_eval.hits(x["p_correct"]) - debate_eval.hits(j["naive"]["p_correct"])).mean() for x in j["debate"]])
+    bon = d["consultancy: best-of-N - best-of-1"]
+    assert bon["questions"] == 30 and len(bon["per_seed"]) == 3
+    assert all(c["ci95"][0] <= c["difference"] <= c["ci95"][1] for c in d.values())
+    assert debate_eval.protocol_differences(j, records, seed=1)["debate - naive"]["diff"] == d["debate - naive"]["diff"], "seeded"
+    assert debate_eval.diff_text(c).endswith(")") and "draws" in debate_eval.diff_text(c)
+    one = debate_eval.protocol_differences(*_judged(np.random.default_rng(0), 1), seed=1)["debate - naive"]
+    assert one["n"] == "1 draw x 30 questions" and len(one["basis"]["seed_differences"]) == 1   # one draw: 'one run'
+    assert verdicts.verdict(interval=one["basis"]["interval"], seed_differences=one["basis"]["seed_differences"]) == "inconclusive"
+    bias = debate_eval.position_bias({k: debate_eval.pooled(j[k]) for k in ("naive", "debate")})
+    assert bias.loc["naive", "P(picks first)"] == pytest.approx(0.5) and len(debate_eval.pooled(j["debate"])["p_correct"]) == 90
+
+
+def test_failed_arm_check_is_named_beside_the_measured_difference():
+    j, records = _judged(np.random.default_rng(0), 2)
+    records["debate"][1] = debate_eval.arm_record("debate-best-of-4", j["debate"][1]["p_correct"], 1, [{"words": 0}], draw=1)
+    d = debate_eval.protocol_differences(j, records, seed=1)
+    assert d["debate - naive"]["basis"]["health"] == "failed health check: debate seed 1 (arguments_written)"
+    assert d["debate - naive"]["basis"]["interval"] == pytest.approx(d["debate - naive"]["ci95"])
+
+
+def test_accuracy_over_draws():
     rng = np.random.default_rng(0)
-    j = {"naive": _judgment(rng.uniform(0, 1, 30)), "debate": _judgment(rng.uniform(0.3, 1, 30)),
-         "expert": _judgment(rng.uniform(0.4, 1, 30)), "consultancy": _judgment(rng.uniform(0, 1, 60))}
-    d = debate_eval.protocol_differences(j, seed=1)
-    assert set(d) == {"debate - naive", "debate - consultancy", "expert - debate"}
-    want = stats.paired_bootstrap(debate_eval.hits(j["debate"]["p_correct"]), debate_eval.question_scores(j["consultancy"]["p_correct"], 2),
-                                  seed=config.derive_seed(1, "bootstrap", "debate - consultancy"))
-    assert d["debate - consultancy"] == pytest.approx(want)
-    assert all(lo <= est <= hi for est, lo, hi in d.values())
-    assert debate_eval.protocol_differences(j, seed=1) == d, "seeded"
-    bias = debate_eval.position_bias(j)
-    assert bias.loc["naive", "P(picks first)"] == pytest.approx(0.5)
+    draws = [_judgment(rng.uniform(0, 1, 40)) for _ in range(3)]
+    acc = debate_eval.protocol_accuracy(draws, seed=2)
+    per = [float(debate_eval.hits(d["p_correct"]).mean()) for d in draws]
+    assert acc["per_draw"] == pytest.approx(per) and acc["accuracy"] == pytest.approx(np.mean(per)) and acc["draws"] == 3
+    want = stats.two_level_bootstrap(np.array([debate_eval.hits(d["p_correct"]) for d in draws]), seed=2)
+    assert acc["ci95"] == pytest.approx(list(want[1:])) and acc["n"] == 40
+    one = debate_eval.protocol_accuracy(draws[:1])
+    assert {k: one[k] for k in ("accuracy", "ci95", "n")} == {k: v for k, v in debate_eval.accuracy(draws[0]["p_correct"]).items() if k != "mean_p_correct"}
+    assert debate_eval.protocol_accuracy(draws[0]) == debate_eval.accuracy(draws[0]["p_correct"])
+    table = debate_eval.accuracy_table({"naive": debate_eval.accuracy([0.9, 0.2]), "debate": acc})
+    assert table.loc["debate", "per draw"] == [round(x, 3) for x in per]
+
+
+def test_records_per_draw_and_arguments_of_every_draw():
+    j, records = _judged(np.random.default_rng(0), 2)
+    assert records["naive"]["arm"] == "naive" and "draw" not in records["naive"]
+    assert [(r["arm"], r["draw"]) for r in records["consultancy (best-of-1)"]] == [("consultancy-best-of-1", 0), ("consultancy-best-of-1", 1)]
+    assert records["debate"][0]["arm"] == "debate-best-of-4" and records["consultancy"][0]["n_heldout"] == 30
+    args = debate_eval.arguments_frame(debate=[{"arguments": [{"side": 0, "words": 3}]}, {"arguments": [{"side": 1, "words": 4}]}],
+                                       consultancy={"arguments": [{"side": "correct", "words": 2}]})
+    assert args["draw"].tolist() == [0, 1, 0] and args["side"].tolist() == ["correct", "distractor", "correct"]
+
+
+def test_paper_effect_is_the_llm_judges_debate_minus_naive():
+    """The paper's effect, read from data/paper: an interval that holds 0 and lies below it is 'not reproduced'."""
+    effects = debate_eval.paper_effects()
+    assert set(effects) == {"debate - naive"} and effects["debate - naive"] == pytest.approx(0.76 - 0.48)
+    assert set(effects) <= set(debate_eval.PAIRS)
+    basis = {"interval": (-0.03, 0.19), "seed_differences": [0.05, 0.1, 0.09]}
+    assert verdicts.verdict(**basis) == "inconclusive"
+    assert verdicts.verdict(**basis, effect=effects["debate - naive"]) == "not reproduced"
+
+
+def test_draws_keep_the_first_draws_cache_key():
+    """Draw i argues with sampling seed seed + i: the first draw's cache key is the one-draw notebook's."""
+    items = debate.make_stories(2, seed=0)
+    kw = dict(model_name="m", rounds=1, word_limit=5, best_of=2, temperature=0.7, batch_size=2)
+    keys = [debate.cached_protocol(lambda name, key, make: key, None, None, items, "debate", seed=s, **kw)
+            for s in arms.training_seeds(0, 3)]
+    assert keys[0] == debate.cached_protocol(lambda name, key, make: key, None, None, items, "debate", seed=0, **kw)
+    assert [k["seed"] for k in keys] == [0, 1, 2] and len({debate.generation_seed(k["seed"], 1) for k in keys}) == 3
 
 
 def test_cached_protocol_goes_through_the_cache(monkeypatch):

@@ -3,7 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from replication.lm import arms, tasks
+from replication.core import files, stats
+from replication.lm import arms, grpo, tasks
 from replication.setup import yardstick
 
 
@@ -30,16 +31,45 @@ def row(step, correct):
     return {"step": step, "eval_correct": correct, "eval_strict_correct": correct, "eval_format": 1.0, "eval_tokens": 10.0}
 
 
-def test_curve_table_and_steps_to_gain():
-    base = row(None, [0] * 100 + [1] * 100)
-    base.pop("step")
-    rows = [{"reward_mean": 0.5}, row(1, [1] * 10 + [0] * 95 + [1] * 95), row(3, [0] * 20 + [1] * 180)]
-    table = yardstick.curve_table(base, [r for r in rows if "eval_correct" in r], seed=0)
-    assert table["step"].tolist() == [0, 2, 4]
+BASE = {k: v for k, v in row(None, [0] * 100 + [1] * 100).items() if k != "step"}
+
+
+def test_gain_table_and_steps_to_gain_one_seed():
+    rows = [{"reward_mean": 0.5, "step": 0}, row(1, [1] * 10 + [0] * 95 + [1] * 95), row(3, [0] * 20 + [1] * 180)]
+    table = yardstick.gain_table(BASE, [rows], n_boot=500, seed=0)
+    assert table["step"].tolist() == [0, 2, 4] and table["seeds"].tolist() == [1, 1, 1]
     assert table["accuracy"].tolist() == [0.5, 0.525, 0.9]
     assert table["gain_low"].iloc[1] < 0 < table["gain_low"].iloc[2]          # +0.025 is not resolvable, +0.4 is
     assert yardstick.steps_to_gain(table) == 4
     assert yardstick.steps_to_gain(table.iloc[:2]) is None
+
+
+def test_gain_table_interval_covers_the_seeds():
+    """Three seeds whose gains are +0.4, +0.05 and -0.2: the mean gain is resolvable within any one seed's problems
+    but not over seeds, so the two-level interval holds 0; each seed's gain and accuracy is in the row."""
+    gains = {0: [0] * 20 + [1] * 180, 1: [0] * 90 + [1] * 110, 2: [0] * 140 + [1] * 60}
+    runs = [[row(1, c)] for c in gains.values()]
+    table = yardstick.gain_table(BASE, runs, n_boot=1000, seed=0)
+    last = table.iloc[-1]
+    assert last["seeds"] == 3 and last["seed_gains"] == pytest.approx([0.4, 0.05, -0.2])
+    assert last["seed_accuracy"] == pytest.approx([0.9, 0.55, 0.3]) and last["accuracy"] == pytest.approx(0.5833333)
+    assert last["gain_low"] < 0 < last["gain_high"] and last["gain"] == pytest.approx(0.0833333)
+    one_level = stats.paired_bootstrap(np.array(gains[0] + gains[1] + gains[2], float), np.array(BASE["eval_correct"] * 3, float), seed=0)
+    assert one_level[1] > 0                                                    # pooling the seeds' problems would call it resolved
+    with pytest.raises(ValueError, match="same steps"):
+        yardstick.gain_table(BASE, [[row(1, gains[0])], [row(3, gains[1])]])
+
+
+def test_seed_run_keeps_the_first_seeds_key():
+    """The notebook's seed gives the one-run workbook's run key (its cached run is reused); another training seed
+    changes the GRPO seed (prompt draws, rollout sampling) and the key."""
+    key = {"model": "m", "level": "2d-1step-add", "seed": 0}
+    cfg = grpo.GRPOConfig(num_generations=8, lr=1e-4, seed=0)
+    same, same_key = yardstick.seed_run(key, cfg, 0)
+    assert same == cfg and same_key == {**key, "grpo": str(cfg)}
+    assert files.digest(same_key) == files.digest({"model": "m", "level": "2d-1step-add", "seed": 0, "grpo": str(cfg)})
+    other, other_key = yardstick.seed_run(key, cfg, 1)
+    assert other.seed == 1 and other.lr == cfg.lr and other_key["seed"] == 1 and files.digest(other_key) != files.digest(same_key)
 
 
 def test_choose_lr_uses_training_reward_only():
@@ -51,23 +81,29 @@ def test_choose_lr_uses_training_reward_only():
     assert isinstance(summary, pd.DataFrame)
 
 
-def test_summary_health_and_arm_record():
-    base = row(None, [0] * 100 + [1] * 100)
-    base.pop("step")
+def test_summary_over_seeds_health_and_arm_records():
     evals = [row(1, [1] * 10 + [0] * 95 + [1] * 95), row(3, [0] * 20 + [1] * 180)]
-    curve = yardstick.curve_table(base, evals, seed=0)
     cfg = {"level": "2d-1step-add", "shots": 3, "temperature": 0.7, "lr": 1e-4, "steps": 4, "prompts_per_step": 4,
-           "group_size": 8, "eval_every": 2}
-    def steps(rewards):  # the step rows, the evaluations on the second and the fourth
+           "group_size": 8, "eval_every": 2, "seed": 0, "seeds": [0, 1]}
+    def steps(rewards, last=evals[1]):  # the step rows, the evaluations on the second and the fourth
         out = [{"reward_mean": r, "zero_std_frac": 0.25, "step": i} for i, r in enumerate(rewards)]
         out[1].update({k: v for k, v in evals[0].items() if k != "step"})
-        out[3].update({k: v for k, v in evals[1].items() if k != "step"})
+        out[3].update({k: v for k, v in last.items() if k != "step"})
         return out
 
-    out, arm = yardstick.summary(curve, steps(np.linspace(0.1, 0.8, 6)[[0, 2, 4, 5]]), cfg, base, n_boot=200)
-    assert out["steps_to_gain"] == 4 and out["gain_excludes_0"] and out["final_accuracy"] == 0.9
-    assert {k: arm[k] for k in ("arm", "steps", "samples", "n_heldout", "accuracy", "healthy")} == {
+    runs = [steps(np.linspace(0.1, 0.8, 6)[[0, 2, 4, 5]]), steps([0.1, 0.3, 0.5, 0.7], row(3, [0] * 40 + [1] * 160))]
+    gains = yardstick.gain_table(BASE, runs, n_boot=300, seed=0)
+    out, records = yardstick.summary(gains, runs, cfg, BASE, n_boot=300)
+    assert out["steps_to_gain"] == 4 and out["gain_excludes_0"] and out["final_accuracy"] == pytest.approx(0.85)
+    assert out["n"] == "2 seeds x 200 questions" and out["seed_gains"] == pytest.approx([0.4, 0.3])
+    assert out["seed_accuracy"] == pytest.approx([0.9, 0.8]) and out["probability_of_improvement"] == 1.0
+    assert out["gain"] == pytest.approx([gains["gain"].iloc[-1], gains["gain_low"].iloc[-1], gains["gain_high"].iloc[-1]])
+    assert [r["seed"] for r in records] == [0, 1] and out["health"] is None
+    assert {k: records[0][k] for k in ("arm", "steps", "samples", "n_heldout", "accuracy", "healthy")} == {
         "arm": "rlvr lr 0.0001", "steps": 4, "samples": 128, "n_heldout": 200, "accuracy": 0.9, "healthy": True}
-    assert tuple(arm)[:len(arms.RECORD_KEYS)] == arms.RECORD_KEYS
-    falling = yardstick.summary(curve, steps([0.8, 0.6, 0.3, 0.2]), cfg, base, n_boot=200)[1]
-    assert not falling["healthy"] and falling["failed_checks"] == ["learned"]
+    assert tuple(records[0])[:len(arms.RECORD_KEYS)] == arms.RECORD_KEYS
+    falling = [runs[0], steps([0.8, 0.6, 0.3, 0.2])]
+    out, records = yardstick.summary(yardstick.gain_table(BASE, falling, n_boot=300), falling, cfg, BASE, n_boot=300)
+    assert records[0]["healthy"] and not records[1]["healthy"] and records[1]["failed_checks"] == ["learned"]
+    assert out["health"] == "failed health check: rlvr lr 0.0001 seed 1 (learned)"   # named beside the gain, still measured
+    assert out["gain_excludes_0"]

@@ -3,7 +3,9 @@
 - ``reproduced``: the paper's direction holds and the 95% interval excludes no effect; or a number
   recomputed from the paper's own data matches it within the paper's rounding; or a stated check holds.
 - ``not reproduced``: the interval excludes the paper's direction (all of it at or below no effect), or
-  excludes the paper's effect size when one is given (the effect is reliably smaller than reported);
+  holds no effect and lies wholly below the paper's effect size when one is given (the effect is reliably smaller
+  than reported, and may be none); an interval wholly above no effect is ``reproduced`` even when it lies below the
+  paper's effect (the direction holds; the row shows both numbers);
   or a recomputed number does not match; or a stated check fails.
 - ``inconclusive``: the interval holds both no effect and the paper's direction (and its effect size); also a
   zero-width interval at no effect (no item differed: a bootstrap has no spread to decide on).

@@ -29,6 +29,7 @@ class Setup(Params):
     n_train: int = p()
     n_heldout: int = p()
     lrs: list = p(each={"low": 0.0, "high": 0.1})
+    seeds: int = p()
     sweep_steps: int = p()
     yardstick_steps: int = p()
     eval_every: int = p()

@@ -9,9 +9,13 @@ length the comparisons use. Three pieces:
 - `train_curve`: a GRPO run (exact-verifier reward) on the one resumable loop whose step function also answers
   the held-out problems greedily every `eval_every` steps; the answers are part of the step's row, so an
   interrupted run resumes with its earlier evaluations intact.
-- `curve_table`: held-out accuracy (lenient and strict, Wilson 95%) by step, reply length, and the paired gain
-  over the base model on the same problems with its bootstrap interval.
+- `gain_table`: held-out accuracy by step and the gain over the base model on the same problems, over training
+  seeds: the chosen learning rate's run is repeated once per seed (`seed_run`: the seed sets the LoRA
+  initialisation, the training problems drawn each step and the rollout sampling; the held-out problems stay), and
+  the interval covers seeds, then problems (stats.two_level_bootstrap), each seed's gain beside it. `summary` reads
+  the last step through arms.compare, with each seed's health check.
 """
+import dataclasses
 import random
 
 import numpy as np
@@ -83,52 +87,87 @@ def train_curve(model, tok, train, heldout, shots, cfg: grpo.GRPOConfig, steps: 
     return rows
 
 
-def curve_table(base: dict, rows: list, seed: int = 0) -> pd.DataFrame:
-    """Held-out accuracy by step (step 0: the base model), lenient and strict with Wilson 95% intervals, format
-    rate, reply tokens, and the paired gain over the base model on the same problems (stats.paired_bootstrap)."""
-    points = [{"step": 0, **base}] + [{**r, "step": r["step"] + 1} for r in rows if "eval_correct" in r]
+def seed_run(key: dict, cfg: grpo.GRPOConfig, training_seed: int) -> tuple:
+    """The GRPO config and run-folder key of one training seed: the seed replaces cfg.seed (the training problems
+    drawn each step, the rollout sampling) and the key's seed. key: the run's settings with the notebook's seed, so
+    that seed's key is the one-run workbook's {**key, "grpo": str(cfg)} (its cached run is reused)."""
+    run_cfg = dataclasses.replace(cfg, seed=training_seed)
+    return run_cfg, {**key, "seed": training_seed, "grpo": str(run_cfg)}
+
+
+def gain_table(base: dict, runs: list, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Held-out accuracy and the gain over the base model at each evaluated step (step 0: the base model), over
+    training seeds. runs: one list of step rows per seed (train_curve), evaluated at the same steps. Per step: the
+    mean accuracy (lenient, strict), each seed's accuracy, the gain over the base on the same problems with its
+    95% interval over seeds, then problems (stats.two_level_bootstrap of the seeds x problems paired differences),
+    and each seed's gain."""
+    evals = [[{**r, "step": r["step"] + 1} for r in rows if "eval_correct" in r] for rows in runs]
+    if not evals or len({tuple(r["step"] for r in e) for e in evals}) != 1:
+        raise ValueError("every seed's run must be evaluated at the same steps")
+    b = np.asarray(base["eval_correct"], float)
     out = []
-    for r in points:
-        n = len(r["eval_correct"])
-        acc, lo, hi = stats.proportion_ci(int(sum(r["eval_correct"])), n)
-        s, slo, shi = stats.proportion_ci(int(sum(r["eval_strict_correct"])), n)
-        d, dlo, dhi = stats.paired_bootstrap(np.asarray(r["eval_correct"], float), np.asarray(base["eval_correct"], float),
-                                             seed=config.derive_seed(seed, "yardstick-gain", r["step"]))
-        out.append({"step": r["step"], "n": n, "accuracy": acc, "ci_low": lo, "ci_high": hi, "strict": s,
-                    "strict_low": slo, "strict_high": shi, "format": r["eval_format"], "tokens": r["eval_tokens"],
-                    "gain": d, "gain_low": dlo, "gain_high": dhi})
+    for k, step in enumerate([0] + [r["step"] for r in evals[0]]):
+        points = [base] * len(evals) if step == 0 else [e[k - 1] for e in evals]
+        correct = np.array([r["eval_correct"] for r in points], float)  # (seeds, problems)
+        d, lo, hi = stats.two_level_bootstrap(correct - b, n_boot=n_boot, seed=config.derive_seed(seed, "yardstick-gain", step))
+        out.append({"step": step, "seeds": len(points), "n": correct.shape[1], "accuracy": float(correct.mean()),
+                    "strict": float(np.mean([r["eval_strict_correct"] for r in points])),
+                    "tokens": float(np.mean([r["eval_tokens"] for r in points])),
+                    "seed_accuracy": [float(x) for x in correct.mean(1)], "gain": d, "gain_low": lo, "gain_high": hi,
+                    "seed_gains": [float(x) for x in (correct - b).mean(1)]})
     return pd.DataFrame(out)
 
 
 def steps_to_gain(table: pd.DataFrame):
-    """The first evaluated step whose paired gain over the base model has a 95% interval above 0 (None if none)."""
+    """The first evaluated step whose gain over the base model has a 95% interval above 0 (None if none)."""
     hit = table[(table["step"] > 0) & (table["gain_low"] > 0)]
     return int(hit["step"].iloc[0]) if len(hit) else None
 
 
-def summary(curve: pd.DataFrame, rows: list, cfg: dict, base: dict, n_boot: int = 1000) -> tuple:
-    """The yardstick's outcome and its arm record (arms.record), with the one health check (arms.health): the
-    training reward's rise, the final held-out accuracy against the base model's (base: heldout_row of the base
-    model), reply lengths. cfg: level, shots, temperature, lr, steps, prompts_per_step, group_size, eval_every."""
-    steps, last, k = pd.DataFrame(rows), curve.iloc[-1], cfg["eval_every"]
-    final = [r for r in rows if "eval_correct" in r][-1]
-    lengths = {"reward_first": float(steps["reward_mean"][:k].mean()), "reward_last": float(steps["reward_mean"][-k:].mean()),
-               "tokens_base": float(curve["tokens"].iloc[0]), "tokens_last": float(last["tokens"])}
+def heldout_frame(row: dict) -> pd.DataFrame:
+    """A held-out evaluation's per-problem correctness as the table arms.compare pairs (qid, correct)."""
+    return pd.DataFrame({"qid": range(len(row["eval_correct"])), "correct": row["eval_correct"]})
+
+
+def summary(gains: pd.DataFrame, runs: list, cfg: dict, base: dict, n_boot: int = 2000) -> tuple:
+    """The yardstick's outcome over training seeds and its arm records, one per seed (arms.record), each with the
+    one health check (arms.health): the training reward's rise, the final held-out accuracy against the base
+    model's (base: heldout_row of the base model), reply lengths. gains: gain_table over the same runs (one list of
+    step rows per seed); cfg: level, shots, temperature, lr, steps, prompts_per_step, group_size, eval_every, seed
+    and seeds (the training seeds). The final gain is arms.compare's (seeds, then problems), the last row of gains."""
+    k, last = cfg["eval_every"], gains.iloc[-1]
+    name = f"rlvr lr {cfg['lr']:g}"
+    finals, records = [], []
+    for s, rows in zip(cfg["seeds"], runs):
+        steps = pd.DataFrame(rows)
+        final = [r for r in rows if "eval_correct" in r][-1]
+        check = arms.health(arms.reward_rise(steps["reward_mean"], n_boot=n_boot, seed=config.derive_seed(s, "health")),
+                            final["eval_correct"], base["eval_correct"], [final["eval_tokens"]], [base["eval_tokens"]],
+                            train_tokens=steps["completion_len"] if "completion_len" in steps else None)
+        records.append(arms.record(name, final["eval_correct"], cfg["steps"], cfg["steps"] * cfg["prompts_per_step"] * cfg["group_size"],
+                                   check, seed=s, reward_first=float(steps["reward_mean"][:k].mean()),
+                                   reward_last=float(steps["reward_mean"][-k:].mean()),
+                                   zero_gradient_groups=float(steps["zero_std_frac"].mean())))
+        finals.append(final)
+    c = arms.compare(name, "base", {name: [heldout_frame(f) for f in finals], "base": heldout_frame(base)},
+                     {name: records, "base": arms.record("base", base["eval_correct"])}, n_boot=n_boot,
+                     seed=config.derive_seed(cfg.get("seed", 0), "yardstick-gain", int(last["step"])))
     out = {**{n: cfg[n] for n in ("level", "shots", "temperature", "lr", "steps", "prompts_per_step", "group_size")},
-           "n_heldout": int(last["n"]), "base_accuracy": float(curve["accuracy"].iloc[0]), "final_accuracy": float(last["accuracy"]),
-           "gain": [float(last["gain"]), float(last["gain_low"]), float(last["gain_high"])],
-           "gain_excludes_0": bool(last["gain_low"] > 0 or last["gain_high"] < 0), "steps_to_gain": steps_to_gain(curve),
-           "zero_gradient_groups": float(steps["zero_std_frac"].mean()), **lengths}
-    check = arms.health(arms.reward_rise(steps["reward_mean"], n_boot=n_boot, seed=config.derive_seed(cfg.get("seed", 0), "health")),
-                        final["eval_correct"], base["eval_correct"], [final["eval_tokens"]], [base["eval_tokens"]],
-                        train_tokens=steps["completion_len"] if "completion_len" in steps else None)
-    arm = arms.record(f"rlvr lr {cfg['lr']:g}", final["eval_correct"], cfg["steps"],
-                      cfg["steps"] * cfg["prompts_per_step"] * cfg["group_size"], check)
-    return out, arm
+           "seeds": list(cfg["seeds"]), "n": c["n"], "n_heldout": int(last["n"]), "base_accuracy": float(gains["accuracy"].iloc[0]),
+           "final_accuracy": float(last["accuracy"]), "seed_accuracy": list(last["seed_accuracy"]),
+           "gain": [c["difference"], *c["ci95"]], "seed_gains": c["per_seed"],
+           "probability_of_improvement": c["probability_of_improvement"],
+           "gain_excludes_0": bool(c["ci95"][0] > 0 or c["ci95"][1] < 0), "steps_to_gain": steps_to_gain(gains),
+           "zero_gradient_groups": float(np.mean([r["zero_gradient_groups"] for r in records])),
+           "reward_first": float(np.mean([r["reward_first"] for r in records])),
+           "reward_last": float(np.mean([r["reward_last"] for r in records])),
+           "tokens_base": float(base["eval_tokens"]), "tokens_last": float(last["tokens"]), "health": c["basis"]["health"]}
+    return out, records
 
 
 def fresh_policy(model_name: str, lora_r: int, seed: int):
-    """The base model with a new LoRA adapter whose initialisation is seeded, the same for every run of a sweep."""
+    """The base model with a new LoRA adapter whose initialisation is seeded (the same for every run of a sweep; a
+    training seed's own for the seeds of the chosen run)."""
     import torch
 
     model, tok = models.load_model(model_name)

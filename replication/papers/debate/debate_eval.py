@@ -1,13 +1,25 @@
 """Judge accuracy for the debate notebook: hits, accuracy with Wilson intervals, paired protocol differences,
 position bias, quote tables, the expert-vs-naive precondition over story levels and readings, and the "arms"
-records of the metrics."""
+records of the metrics.
+
+The arguments are sampled (temperature > 0), so an argued protocol's accuracy rests on one draw of them unless it
+is argued several times: each draw has its own sampling seed (the stories stay), and a protocol's judgments are
+then a list, one judge() output per draw. Accuracies and paired differences over draws have intervals over draws,
+then questions (stats.two_level_bootstrap, through arms.compare), each draw's value beside them."""
 import time
 
 import numpy as np
 import pandas as pd
 
-from replication.core import config, stats
-from .debate import READINGS, judge
+from replication.core import config, fmt, paper, stats
+from replication.lm import arms
+from .debate import READINGS, first_candidates, judge
+
+# the paired comparisons of the notebook: name -> (protocol a, protocol b), a minus b on the same questions
+PAIRS = {"debate - naive": ("debate", "naive"), "debate - consultancy": ("debate", "consultancy"),
+         "expert - debate": ("expert", "debate"),
+         "debate: best-of-N - best-of-1": ("debate", "debate (best-of-1)"),
+         "consultancy: best-of-N - best-of-1": ("consultancy", "consultancy (best-of-1)")}
 
 
 def hits(p_correct) -> np.ndarray:
@@ -39,21 +51,83 @@ def versus_chance(acc: dict) -> str:
 
 
 def accuracy_table(accs: dict) -> pd.DataFrame:
-    """One row per protocol: accuracy, its Wilson interval, n, mean P(correct) and where it lies against chance."""
+    """One row per protocol: accuracy, its interval (Wilson; over several draws, over draws then judgments), n,
+    mean P(correct), where it lies against chance and, for a protocol argued over draws, each draw's accuracy."""
     return pd.DataFrame([{"protocol": k, "accuracy": a["accuracy"], "ci_low": a["ci95"][0], "ci_high": a["ci95"][1],
-                          "n": a["n"], "mean_p_correct": a["mean_p_correct"], "vs chance": versus_chance(a)}
+                          "n": a["n"], "mean_p_correct": a["mean_p_correct"], "vs chance": versus_chance(a),
+                          **({"per draw": [round(x, 3) for x in a["per_draw"]]} if "per_draw" in a else {})}
                          for k, a in accs.items()]).set_index("protocol")
 
 
-def protocol_differences(judgments: dict, seed: int, n_boot: int = 2000) -> dict:
-    """Paired accuracy differences on the same questions (stats.paired_bootstrap, 95% interval):
-    debate - naive, debate - consultancy (consultancy per question: mean of its two consultants) and
-    expert - debate. judgments: protocol -> judge() output. Returns name -> (difference, low, high)."""
-    q = {k: question_scores(v["p_correct"], 2 if k == "consultancy" else 1) for k, v in judgments.items()}
-    pairs = {"debate - naive": ("debate", "naive"), "debate - consultancy": ("debate", "consultancy"),
-             "expert - debate": ("expert", "debate")}
-    return {name: stats.paired_bootstrap(q[a], q[b], n_boot=n_boot, seed=config.derive_seed(seed, "bootstrap", name))
-            for name, (a, b) in pairs.items()}
+def paper_effects(table: str = "debate_khan2024") -> dict:
+    """The paper's effect sizes for the PAIRS whose metric is the paper's own (distance from no difference, read
+    from data/paper): debate - naive, the LLM judges' accuracy with debate minus without. The other pairs have
+    none to compare with (the notebook says why)."""
+    llm = "LLM (GPT-4-Turbo)"
+    return {"debate - naive": paper.value(table, quantity="accuracy", protocol="debate", judge=llm)
+            - paper.value(table, quantity="accuracy", protocol="naive", judge=llm)}
+
+
+def per_question(protocol: str) -> int:
+    """Judgments per question: 2 in consultancy (the correct and the incorrect consultant), else 1."""
+    return 2 if protocol.startswith("consultancy") else 1
+
+
+def pooled(judged) -> dict:
+    """One judge() output as it is, or a list of them (one per draw) concatenated draw after draw."""
+    return {k: np.concatenate([j[k] for j in judged]) for k in judged[0]} if isinstance(judged, list) else judged
+
+
+def protocol_accuracy(judged, seed: int = 0) -> dict:
+    """accuracy() of one judge() output. Over draws of the arguments (a list of judge() outputs): the mean
+    accuracy with a 95% interval over draws, then judgments (stats.two_level_bootstrap of the draws x judgments
+    hits; one draw: the Wilson interval), n judgments per draw, each draw's accuracy and the number of draws."""
+    if not isinstance(judged, list):
+        return accuracy(judged["p_correct"])
+    h = np.array([hits(j["p_correct"]) for j in judged])
+    out = {**accuracy(judged[0]["p_correct"]), "draws": len(judged), "per_draw": [float(x) for x in h.mean(1)]}
+    if len(judged) > 1:
+        p, lo, hi = stats.two_level_bootstrap(h, seed=seed)
+        out.update(accuracy=p, ci95=[lo, hi], mean_p_correct=float(np.mean([j["p_correct"] for j in judged])))
+    return out
+
+
+def judge_draws(model, tok, outs: list, kind: str, best_of: int, batch_size: int, reading: str) -> tuple:
+    """The judge's verdicts on each draw's transcripts (run_protocol outputs, one per draw): with the kept
+    (best-of-N) arguments, and with each turn's first candidate (best-of-1; the same verdicts when best_of is 1)."""
+    kept = [judge(model, tok, o["items"], kind, o["transcripts"], batch_size, reading) for o in outs]
+    first = [judge(model, tok, o["items"], kind, first_candidates(o), batch_size, reading) if best_of > 1 else j
+             for o, j in zip(outs, kept)]
+    return kept, first
+
+
+def scores_frame(judged: dict, per: int = 1) -> pd.DataFrame:
+    """One judge() output's per-question scores as the table arms.compare pairs (qid, score)."""
+    score = question_scores(judged["p_correct"], per)
+    return pd.DataFrame({"qid": np.arange(len(score)), "score": score})
+
+
+def protocol_differences(judgments: dict, records: dict, seed: int, pairs: dict = PAIRS, n_boot: int = 2000) -> dict:
+    """Paired accuracy differences on the same questions (a minus b for each of `pairs`), through arms.compare:
+    the interval over draws of the arguments, then questions (one draw: over questions), each draw's difference
+    (`per_seed`), the probability of improvement and run.claim's `basis` (any failed arm check beside it).
+    judgments: protocol -> judge() output (naive, expert: no arguments, paired with every draw) or a list of them,
+    one per draw; consultancy scored per question as the mean of its two consultants. records: protocol -> its
+    arm_record or a list of them. Adds `n` ('3 draws x 100 questions') and `diff`, (difference, low, high)."""
+    tables = {k: [scores_frame(j, per_question(k)) for j in v] if isinstance(v, list) else scores_frame(v, per_question(k))
+              for k, v in judgments.items()}
+    out = {}
+    for name, (a, b) in pairs.items():
+        c = arms.compare(a, b, tables, records, column="score", n_boot=n_boot, seed=config.derive_seed(seed, "bootstrap", name))
+        out[name] = {**c, "n": f"{c['seeds']} draw{'s' if c['seeds'] > 1 else ''} x {c['questions']} questions",
+                     "diff": (c["difference"], *c["ci95"])}
+    return out
+
+
+def diff_text(c: dict, digits: int = 3) -> str:
+    """'+0.080 [-0.030, +0.190]' and, over several draws, each draw's difference: '(draws +0.05, +0.10, +0.09)'."""
+    each = f" (draws {', '.join(f'{x:+.2f}' for x in c['per_seed'])})" if c["seeds"] > 1 else ""
+    return fmt.diff(c["diff"], digits) + each
 
 
 def position_bias(judgments: dict) -> pd.DataFrame:
@@ -68,8 +142,10 @@ def position_bias(judgments: dict) -> pd.DataFrame:
 
 
 def arguments_frame(**runs) -> pd.DataFrame:
-    """The arguments of several run_protocol outputs (protocol=output) in one frame, sides named."""
-    frames = [pd.DataFrame(out["arguments"]).assign(protocol=name) for name, out in runs.items()]
+    """The arguments of several run_protocol outputs (protocol=output, or a list of outputs, one per draw) in one
+    frame, sides named, each with its draw's index."""
+    frames = [pd.DataFrame(out["arguments"]).assign(protocol=name, draw=i) for name, outs in runs.items()
+              for i, out in enumerate(arms.by_seed(outs))]
     args = pd.concat(frames, ignore_index=True)
     args["side"] = args["side"].replace({0: "correct", 1: "distractor"})
     return args
@@ -116,14 +192,29 @@ def expert_check(model, tok, stories: dict, readings=READINGS, seed: int = 0, ba
     return pd.DataFrame(rows).set_index(["level", "reading"]), out
 
 
-def arm_record(arm: str, p_correct, per_question: int = 1, arguments=None) -> dict:
+def arm_record(arm: str, p_correct, per_question: int = 1, arguments=None, draw: int = None) -> dict:
     """One judged protocol as an arm of the metrics' "arms" list, with the keys of every arm record
     (arms.RECORD_KEYS): no training (steps and samples 0), n_heldout questions, accuracy over judgments with its
     Wilson interval, and healthy = every judgment a probability in (0, 1) and, for an argued protocol, every
-    argument non-empty (failed_checks names which failed)."""
+    argument non-empty (failed_checks names which failed); `draw`: the arguments' sampling seed, when argued."""
     p = np.asarray(p_correct, float)
     acc = accuracy(p)
     checks = {"judgments_valid": bool(np.all(np.isfinite(p)) and np.all((p > 0) & (p < 1))),
               "arguments_written": arguments is None or all(a["words"] > 0 for a in arguments)}
     return {"arm": arm, "steps": 0, "samples": 0, "n_heldout": len(p) // per_question, "accuracy": acc["accuracy"],
-            "interval": acc["ci95"], "healthy": all(checks.values()), "failed_checks": [k for k, ok in checks.items() if not ok]}
+            "interval": acc["ci95"], "healthy": all(checks.values()), "failed_checks": [k for k, ok in checks.items() if not ok],
+            **({} if draw is None else {"draw": draw})}
+
+
+def protocol_records(judgments: dict, outs: dict, best_of: int, draws: list) -> dict:
+    """protocol -> arm_record: naive and expert one record each; an argued protocol (its judgments a list, one per
+    draw) one record per draw, named with its best-of (outs: kind -> run_protocol outputs, one per draw)."""
+    out = {}
+    for k, v in judgments.items():
+        if not isinstance(v, list):
+            out[k] = arm_record(k, v["p_correct"])
+            continue
+        kind = k.split(" ")[0]
+        name = f"{kind}-best-of-{1 if k.endswith('(best-of-1)') else best_of}"
+        out[k] = [arm_record(name, j["p_correct"], per_question(k), o["arguments"], draw=s) for j, o, s in zip(v, outs[kind], draws)]
+    return out

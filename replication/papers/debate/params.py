@@ -23,6 +23,7 @@ class Debate(Params):
     word_limit: int = p()
     best_of: int = p()
     temperature: float = p(low=0.01, high=2.0)
+    seeds: int = p()
     batch_size: int = p()
     verdict_checks: int = p()
     n_debaters: int = p()
