@@ -140,7 +140,7 @@ def test_failed_arm_check_is_named_beside_the_measured_difference():
     j, records = _judged(np.random.default_rng(0), 2)
     records["debate"][1] = debate_eval.arm_record("debate-best-of-4", j["debate"][1]["p_correct"], 1, [{"words": 0}], draw=1)
     d = debate_eval.protocol_differences(j, records, seed=1)
-    assert d["debate - naive"]["basis"]["health"] == "failed health check: debate seed 1 (arguments_written)"
+    assert d["debate - naive"]["basis"]["health"] == "failed health check: debate draw 1 (arguments_written)"
     assert d["debate - naive"]["basis"]["interval"] == pytest.approx(d["debate - naive"]["ci95"])
 
 

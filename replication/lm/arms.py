@@ -113,19 +113,21 @@ def by_seed(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def failed_text(names, records: dict):
-    """'failed health check: a seed 1 (length_ok); b (learned)' for the named arms' failed seeds, or None."""
+def failed_text(names, records: dict, unit: str = "seed"):
+    """'failed health check: a seed 1 (length_ok); b (learned)' for the named arms' failed seeds, or None (seeds
+    counted from 0 in the order trained: seed 1 is the second training seed; unit: 'draw' where the repeats are
+    draws of sampled replies)."""
     out = []
     for x in names:
         recs = by_seed(records[x])
         for i, r in enumerate(recs):
             if not r["healthy"]:
-                out.append(f"{x}{f' seed {i}' if len(recs) > 1 else ''} ({', '.join(r['failed_checks'])})")
+                out.append(f"{x}{f' {unit} {i}' if len(recs) > 1 else ''} ({', '.join(r['failed_checks'])})")
     return "failed health check: " + "; ".join(out) if out else None
 
 
 def compare(a: str, b: str, tables: dict, records: dict, column: str = "correct", on: str = "qid",
-            n_boot: int = 2000, seed: int = 0) -> dict:
+            n_boot: int = 2000, seed: int = 0, unit: str = "seed") -> dict:
     """Arm a minus arm b on the same held-out questions, over training seeds. tables: arm -> its held-out table, or
     a list of them, one per training seed (the same seeds in the same order for every trained arm; an untrained arm
     such as the base model: one table, paired with every seed); records: arm -> record() or a list of them.
@@ -134,7 +136,8 @@ def compare(a: str, b: str, tables: dict, records: dict, column: str = "correct"
     paired differences; beside it the per-seed differences, the probability of improvement over the per-seed means
     (stats.probability_of_improvement) and run.claim's `basis`: interval, estimate, per-seed differences (one seed
     caps the verdict at 'inconclusive (one run)') and any failed health check, reported beside the verdict (a
-    failed arm's comparison is still measured and judged)."""
+    failed arm's comparison is still measured and judged). unit: what a repeat is, in n and the health text
+    ('seed'; 'draw' for draws of sampled replies without training)."""
     ta, tb = by_seed(tables[a]), by_seed(tables[b])
     if len(ta) != len(tb) and 1 not in (len(ta), len(tb)):
         raise ValueError(f"{a} has {len(ta)} seeds and {b} {len(tb)}; pair the same training seeds")
@@ -143,9 +146,9 @@ def compare(a: str, b: str, tables: dict, records: dict, column: str = "correct"
     diffs = np.array([x - y for x, y in pairs])
     d = stats.two_level_bootstrap(diffs, n_boot=n_boot, seed=seed)
     per_seed = diffs.mean(axis=1)
-    health_text = failed_text((a, b), records)
+    health_text = failed_text((a, b), records, unit)
     return {"pair": f"{a} - {b}", "difference": d[0], "ci95": [d[1], d[2]], "seeds": n, "questions": diffs.shape[1],
-            "n": f"{n} seed{'s' if n > 1 else ''} x {diffs.shape[1]} questions",
+            "n": f"{n} {unit}{'s' if n > 1 else ''} x {diffs.shape[1]} questions",
             "per_seed": [float(x) for x in per_seed],
             "probability_of_improvement": stats.probability_of_improvement([x.mean() for x, _ in pairs[:len(ta)]],
                                                                           [y.mean() for _, y in pairs[:len(tb)]]),

@@ -113,14 +113,14 @@ def protocol_differences(judgments: dict, records: dict, seed: int, pairs: dict 
     (`per_seed`), the probability of improvement and run.claim's `basis` (any failed arm check beside it).
     judgments: protocol -> judge() output (naive, expert: no arguments, paired with every draw) or a list of them,
     one per draw; consultancy scored per question as the mean of its two consultants. records: protocol -> its
-    arm_record or a list of them. Adds `n` ('3 draws x 100 questions') and `diff`, (difference, low, high)."""
+    arm_record or a list of them. Adds `diff`, (difference, low, high); n reads '3 draws x 100 questions'."""
     tables = {k: [scores_frame(j, per_question(k)) for j in v] if isinstance(v, list) else scores_frame(v, per_question(k))
               for k, v in judgments.items()}
     out = {}
     for name, (a, b) in pairs.items():
-        c = arms.compare(a, b, tables, records, column="score", n_boot=n_boot, seed=config.derive_seed(seed, "bootstrap", name))
-        out[name] = {**c, "n": f"{c['seeds']} draw{'s' if c['seeds'] > 1 else ''} x {c['questions']} questions",
-                     "diff": (c["difference"], *c["ci95"])}
+        c = arms.compare(a, b, tables, records, column="score", n_boot=n_boot, seed=config.derive_seed(seed, "bootstrap", name),
+                         unit="draw")
+        out[name] = {**c, "diff": (c["difference"], *c["ci95"])}
     return out
 
 
