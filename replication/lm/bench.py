@@ -2,12 +2,17 @@
 
     python -m replication bench grpo [--reps 3] [--config benchmark|workbook|both] [--json out.json]
     python -m replication bench update [--reps 3] [--config benchmark|workbook]   (both: benchmark)
+    python -m replication bench parallel [--reps 3] [--workers 2]   (the workbook config)
 
 grpo: each trainer runs in a fresh process (so its peak resident memory is its own), one warm-up step then `reps`
 timed steps. Rows: our trainer sampling from a bf16 copy of the policy and updating with bf16 base weights, with and
 without two length buckets (GRPOConfig.length_buckets), and all in fp32; TRL in fp32 and in its bf16 mixed
 precision; the ratio compares each trainer's fastest row (the fastest median), and both fp32 rows. The update's
 achieved FLOP/s is set against a matmul peak measured in the same run in the update's dtype.
+
+parallel: `workers` independent GRPO runs (as a notebook's training seeds are), one after another in this process at
+its thread count, against side by side in `workers` processes at one thread each (parallel.run_jobs); the wall
+times and their ratio, on the workbook config with the notebooks' bf16 rollout and update.
 
 update: our update phase (forward, backward and AdamW over prompts x G completions of max_new_tokens tokens) and
 the reference scoring pass, update_dtype float32 vs bfloat16, interleaved in one process; medians.
@@ -22,7 +27,7 @@ import time
 import torch
 
 from replication.core import files
-from . import grpo, models, tasks
+from . import grpo, models, parallel, tasks
 from .rollout import Rollout
 
 LORA_R = 16
@@ -238,10 +243,26 @@ def update_phase(model_name: str, cfg: dict, reps: int, dtypes=("float32", "bflo
     return out
 
 
+def parallel_runs(model_name: str, cfg: dict, reps: int, workers: int = 2) -> dict:
+    """Wall seconds of `workers` GRPO runs of reps + 1 steps each: sequential in this process (its threads), then in
+    `workers` processes at one thread each; and sequential / parallel."""
+    job = {"model_name": model_name, "cfg": cfg, "reps": reps, "rollout_dtype": "bfloat16", "update_dtype": "bfloat16"}
+    t0 = time.perf_counter()
+    seq = parallel.run_jobs(ours, [job] * workers, workers=1)
+    t1 = time.perf_counter()
+    par = parallel.run_jobs(ours, [job] * workers, workers=workers)
+    t2 = time.perf_counter()
+    return {"threads": torch.get_num_threads(), "workers": workers, "sequential_s": t1 - t0, "parallel_s": t2 - t1,
+            "ratio": (t1 - t0) / (t2 - t1), "sequential_step_s": [r["step_s"] for r in seq],
+            "parallel_step_s": [r["step_s"] for r in par]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m replication bench")
-    ap.add_argument("what", choices=["grpo", "update"],
-                    help="grpo: full steps, ours vs TRL; update: our update and scoring phases, fp32 vs bf16")
+    ap.add_argument("what", choices=["grpo", "update", "parallel"],
+                    help="grpo: full steps, ours vs TRL; update: our update and scoring phases, fp32 vs bf16; "
+                         "parallel: independent runs one after another vs side by side at one thread each")
+    ap.add_argument("--workers", type=int, default=2, help="parallel: runs side by side (default 2)")
     ap.add_argument("--reps", type=int, default=3, help="timed steps per trainer (after one warm-up step)")
     ap.add_argument("--config", default="both", choices=[*CONFIGS, "both"])
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -250,6 +271,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error(f"--reps {args.reps} is not allowed; it must be >= 1")
+    if args.what == "parallel":
+        r = parallel_runs(args.model, CONFIGS["workbook"], args.reps, args.workers)
+        print(f"{r['workers']} GRPO runs of {args.reps + 1} steps (workbook config, bf16 rollout and update): one after another "
+              f"at {r['threads']} threads {r['sequential_s']:.1f} s; side by side at 1 thread each {r['parallel_s']:.1f} s; "
+              f"sequential / parallel = {r['ratio']:.2f}x")
+        if args.json:
+            files.write_json(args.json, {"date": time.strftime("%Y-%m-%d"), **r})
+        return 0
     if args.what == "update":
         name = "benchmark" if args.config == "both" else args.config
         c = CONFIGS[name]
