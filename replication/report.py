@@ -3,7 +3,7 @@ import html
 from pathlib import Path
 
 from replication import forest
-from replication.core import files, verdicts
+from replication.core import files, phases, verdicts
 from replication.core.config import NOTEBOOKS, Paths, list_notebooks
 
 
@@ -103,6 +103,7 @@ def kept_rows(path: Path, stems, ran) -> dict:
     return kept
 
 
+PHASE_COLUMNS = (*phases.PHASES, "other")
 LONG_COLUMNS = ("measured", "why")  # paragraphs: short in the table, in full in ledger.md
 
 
@@ -150,7 +151,9 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
             cells = [_md_cell(short(_cell(c, k)) if k in LONG_COLUMNS else _cell(c, k)) for k in LEDGER_COLUMNS]
             cells[1] = f"[{cells[1]}](ledger.md#{anchors[id(c)]})"
             rows["claims"].append("| " + " | ".join(cells) + " |")
-        rows["times"].append(f"| {r['notebook']} | {r['seed']} | {r['wall_time_s']} |")
+        prof = r.get("phases_s") or {}
+        rows["times"].append(f"| {r['notebook']} | {r['seed']} | {r['wall_time_s']} | "
+                             + " | ".join(f"{prof[k]:.0f}" if k in prof else "-" for k in PHASE_COLUMNS) + " |")
     out_dir = index_path(profile, name).parent
     plotted = forest.plot(claims, out_dir)
     files.write_text(out_dir / "ledger.md", ledger_md(claims, profile))
@@ -168,7 +171,9 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
              "| " + " | ".join(head) + " |",
              "|" + "---|" * len(LEDGER_COLUMNS), *(rows["claims"] or ["| (no claims recorded yet) |" + " |" * (len(LEDGER_COLUMNS) - 1)]),
              "", "## Figures", "", "| figure | notebook | caption |", "|---|---|---|", *rows["figures"],
-             "", "| notebook | seed | wall time (s) |", "|---|---|---|", *rows["times"]]
+             "", "Wall time and where it went (seconds by phase, `phases_s` in each notebook's metrics; a cached step "
+             "costs nothing):", "", "| notebook | seed | wall time (s) | " + " | ".join(PHASE_COLUMNS) + " |",
+             "|---|---|---|" + "---|" * len(PHASE_COLUMNS), *rows["times"]]
     return files.write_text(index_path(profile, name), "\n".join(lines) + "\n")
 
 

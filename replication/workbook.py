@@ -8,7 +8,7 @@ import platform
 import time
 from pathlib import Path
 
-from replication.core import cache, config, console, files, figures, params, verdicts
+from replication.core import cache, config, console, files, figures, params, phases, verdicts
 from replication.lm import loop, models
 from . import __version__
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes)
@@ -122,12 +122,14 @@ class Run:
         return table[CLAIM_COLUMNS]
 
     def finish(self) -> Path:
-        """Write the metrics record (metrics/<notebook>.json of the output folder) atomically; return where it is read
+        """Write the metrics record (metrics/<notebook>.json of the output folder; its timings in their own keys:
+        wall_time_s and phases_s, the phase profile) atomically; return where it is read
         from: its path, or under the runner the run folder's metrics file it becomes once the runner promotes it (the
         staged copy is removed then, so a notebook that prints the path never points at a removed file)."""
+        wall = time.perf_counter() - self.t0
         record = {
             "notebook": self.notebook, "profile": self.profile, "seed": self.seed,
-            "wall_time_s": round(time.perf_counter() - self.t0, 2), "package_version": __version__,
+            "wall_time_s": round(wall, 2), "phases_s": phases.profile(wall), "package_version": __version__,
             "python": platform.python_version(), "parameters": self._params_record(),
             "figures": self.figures, "claims": self.claims,
             "metrics": self.metrics,
@@ -149,6 +151,7 @@ def start(notebook: str, namespace: dict = None, *, profile: str = None, seed: i
     parameters not set by hand, in `namespace` too (params.profile_changes); the runner injects them itself."""
     global _current
     console.quiet_warnings()
+    phases.reset()   # the phase profile counts this notebook only
     cfg = None
     if namespace is not None:
         if not config.by_runner():

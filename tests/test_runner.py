@@ -53,6 +53,8 @@ def test_success_writes_metrics_index_report_and_skips_on_rerun(book, runs, tmp_
     assert (tmp_path / "figures/01a_line.png").is_file() and (tmp_path / "figures/01a_line.pdf").is_file()
     index = (tmp_path / "figures/README.md").read_text()
     assert "01a_line" in index and "a line has n points" in index and "02_second" in index
+    assert "| generation for training |" in index and "statistics and plotting" in index   # the phase profile's columns
+    assert set(json.loads((runs / "default/metrics/01_first.json").read_text())["phases_s"]) >= {"other", "update"}
     html = (runs / "default/report/index.html").read_text()
     assert "01_first.html" in html and (runs / "default/report/01_first.html").is_file()
     assert runner.run("default", folder=book, log=lambda *_: None) == {"01_first": "skipped", "02_second": "skipped"}

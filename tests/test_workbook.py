@@ -1,4 +1,5 @@
 import json
+import time
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -120,3 +121,43 @@ def test_runner_kernels_take_the_parameters_as_injected(profiled, runs, monkeypa
     assert (run.params.n, run.params.m) == (3, 2)
     assert run.metrics_path == runs / "smoke/staging/07_example/metrics/07_example.json"
     assert run.figures_dir == runs / "smoke/staging/07_example/figures"
+
+
+def test_phase_profile_counts_the_innermost_phase_once(monkeypatch):
+    from replication.core import phases
+
+    clock = iter([0.0, 1.0, 3.0, 4.0, 10.0, 12.0])   # enter eval, enter judging, leave judging, leave eval, stats
+    monkeypatch.setattr(phases.time, "perf_counter", lambda: next(clock))
+    phases.reset()
+    with phases.phase("generation for evaluation"):
+        with phases.phase("judging"):
+            pass
+    with phases.phase("statistics and plotting"):
+        pass
+    prof = phases.profile(wall=20.0)
+    assert prof["generation for evaluation"] == 2.0 and prof["judging"] == 2.0   # 0-1 and 3-4; 1-3 is judging
+    assert prof["statistics and plotting"] == 2.0 and prof["other"] == 14.0 and prof["update"] == 0.0
+    assert set(prof) == {*phases.PHASES, "other"}
+    with pytest.raises(ValueError, match="phase='thinking'"):
+        with phases.phase("thinking"):
+            pass
+    phases.reset()
+
+
+def test_grpo_steps_fill_the_training_phases(tiny):
+    from replication.core import phases
+    from replication.lm import grpo, models
+
+    model, tok = tiny
+    model = models.add_lora(model, r=4, alpha=8)
+    def slow_reward(prompts, completions, metadata, **kw):
+        time.sleep(0.02)
+        return [float(len(c)) for c in completions]
+
+    trainer = grpo.GRPOTrainer(model, tok, slow_reward, grpo.GRPOConfig(num_generations=2, max_new_tokens=4))
+    phases.reset()
+    trainer.train(lambda step: (["a", "b"], [{}] * 2), 1, progress=False)
+    prof = phases.profile(wall=1e6)
+    assert prof["generation for training"] > 0 and prof["update"] > 0 and prof["reward scoring"] > 0
+    assert prof["generation for evaluation"] == 0
+    phases.reset()

@@ -3,6 +3,8 @@ import re
 
 import matplotlib.pyplot as plt
 
+from . import phases
+
 FORMATS = ("png", "pdf")
 _run = None  # the notebook's run record, attached by workbook.start (figures never imports workbook)
 
@@ -22,6 +24,7 @@ def use_style() -> None:
                          "axes.titlesize": "medium", "pdf.fonttype": 42})
 
 
+@phases.timed("statistics and plotting")
 def savefig(name: str, caption: str, fig=None) -> None:
     """Save the current (or given) figure as <figures>/<name>.png/.pdf and record it with its caption. Returns
     nothing, so a notebook cell that ends with it shows no output (the paths are in the run's metrics)."""

@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 from statsmodels.stats.proportion import proportion_confint
 
+from . import phases
+
 
 def proportion_ci(k, n, alpha: float = 0.05, method: str = "wilson"):
     """(p, low, high): a proportion with its Wilson interval (statsmodels)."""
@@ -32,6 +34,7 @@ def accuracy_table(df: pd.DataFrame, by, column: str = "correct", alpha: float =
 
 # ---- the bootstrap ---------------------------------------------------------------------------------
 
+@phases.timed("statistics and plotting")
 def bootstrap(statistic, *columns, groups=None, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05):
     """(estimate, low, high): percentile bootstrap of statistic(*columns) over rows, or over whole groups
     (e.g. questions, the unit of dependence) when `groups` labels the rows. Non-finite draws are ignored."""
@@ -66,6 +69,7 @@ def paired_bootstrap(a, b, n_boot: int = 2000, seed: int = 0, alpha: float = 0.0
 
 # ---- training comparisons over seeds -------------------------------------------------------------------
 
+@phases.timed("statistics and plotting")
 def two_level_bootstrap(diffs, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05, questions: bool = True):
     """(mean, low, high) of a seeds x questions array of paired differences (arm a minus arm b, the same training
     seed and the same held-out question), with an interval that covers both sources of spread: each draw resamples
@@ -86,6 +90,7 @@ def two_level_bootstrap(diffs, n_boot: int = 2000, seed: int = 0, alpha: float =
     return float(d.mean()), float(lo), float(hi)
 
 
+@phases.timed("statistics and plotting")
 def nested_bootstrap(statistic, units, groups, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05):
     """(mean over units of statistic(*columns), low, high) for any statistic (e.g. an AUC) computed within each unit
     (a training seed, a draw of sampled replies): each resample draws the units with replacement, then within each

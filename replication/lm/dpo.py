@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from replication.core import config
+from replication.core import config, phases
 from . import loop, models, training
 
 
@@ -119,6 +119,7 @@ def sft_validation_loss(model, tok, examples, cfg: PreferenceConfig) -> float:
     return total / len(examples)
 
 
+@phases.timed("update")
 def train_sft(model, tok, examples, cfg: PreferenceConfig, adapter_name=None, progress=True, validation=None) -> list:
     """Supervised fine-tuning on (prompt, completion) pairs, loss on completion tokens only; one row per step.
 
@@ -159,6 +160,7 @@ def _pair_texts(pairs):
     return [p for p, _, _ in pairs] * 2, [c for _, c, _ in pairs] + [r for _, _, r in pairs]
 
 
+@phases.timed("update")
 def train_dpo(model, tok, pairs, cfg: PreferenceConfig, adapter_name=None, progress=True, reference: str = "base",
               validation=None) -> list:
     """DPO on (prompt, chosen, rejected) triples. Reference: 'base' = all adapters disabled; 'initial' = the

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from replication.core import config, fmt, stats
+from replication.core import config, fmt, phases, stats
 from . import models, tasks, training
 
 ABSOLUTE = ("Rate how good the response is as an answer to the question, from 1 (useless) to 5 (correct and "
@@ -27,6 +27,7 @@ def option_ids(tok, options) -> list:
 
 
 @torch.no_grad()
+@phases.timed("judging")
 def answer_probs(model, tok, prompts, options, batch_size: int = 16, progress: bool = False) -> np.ndarray:
     """P(option | prompt) from the next-token distribution, renormalised over the options: (n, len(options))."""
     from tqdm.auto import tqdm
@@ -122,6 +123,7 @@ def likelihood_verdicts(scored: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFra
                          "shorter": np.where(nb < nw, 1.0, np.where(nb > nw, 0.0, 0.5))})
 
 
+@phases.timed("judging")
 def likelihood_pairwise(model, tok, questions, better, worse, instruction: str = None,
                         batch_size: int = 16, progress: bool = False) -> pd.DataFrame:
     """The likelihood-comparison judge: each reply is scored alone (`response_logps`) and the likelier one per

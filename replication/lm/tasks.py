@@ -8,7 +8,7 @@ import random
 import re
 from dataclasses import asdict, dataclass
 
-from replication.core import config
+from replication.core import config, phases
 
 OPS = ("+", "-", "*")
 NAMES = ("Mia", "Leo", "Ava", "Noah", "Zoe", "Omar", "Lina", "Sam", "Ivy", "Ben")
@@ -205,8 +205,9 @@ def evaluate(model, tok, problems, max_new_tokens: int = 64, batch_size: int = 1
     prompts = [p.prompt(instruction) for p in problems] if prompts is None else list(prompts)
     if len(prompts) != len(problems):
         raise ValueError(f"prompts has {len(prompts)} entries for {len(problems)} problems")
-    gen = generate(model, tok, prompts, max_new_tokens=max_new_tokens,
-                   temperature=temperature, seed=seed, batch_size=batch_size, progress=progress)
+    with phases.phase("generation for evaluation"):
+        gen = generate(model, tok, prompts, max_new_tokens=max_new_tokens,
+                       temperature=temperature, seed=seed, batch_size=batch_size, progress=progress)
     columns = (lambda p: p.to_dict()) if columns is None else columns
     rows = [{**columns(p), "reply": text, **score(text, p), "tokens": len(ids)}
             for p, text, ids in zip(problems, gen.texts, gen.completion_ids)]

@@ -4,6 +4,7 @@ from contextlib import contextmanager
 
 import torch
 
+from replication.core import phases
 from . import models
 from .loop import trainable
 
@@ -274,7 +275,11 @@ class LowPrecisionBase:
 
 
 class Timer:
-    """Accumulates wall time by phase (generation, scoring, backward)."""
+    """Accumulates wall time by phase (generation, reward, scoring, backward), each also counted in the notebook's
+    phase profile (core.phases: generation for training, reward scoring, update)."""
+
+    PROFILE = {"generation": "generation for training", "reward": "reward scoring", "scoring": "update",
+               "backward": "update"}
 
     def __init__(self):
         self.seconds = {}
@@ -282,7 +287,8 @@ class Timer:
     @contextmanager
     def __call__(self, phase: str):
         t0 = time.perf_counter()
-        yield
+        with phases.phase(self.PROFILE.get(phase, "update")):
+            yield
         self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
 
 

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from replication.core import config, files, stats
+from replication.core import config, files, phases, stats
 from replication.lm import judges, models, training
 from .params import LEVELS, READINGS
 
@@ -231,6 +231,7 @@ def order_probs(model, tok, items, kind: str, transcripts, reading: str, batch_s
     return first, second, np.r_[first, 1 - second]
 
 
+@phases.timed("judging")
 def judge(model, tok, items, kind: str, transcripts=None, batch_size: int = 16, reading: str = "likelihood") -> dict:
     """P(correct) with the correct answer (and its debater) shown first and second; 'p_correct' is their mean
     (which removes a constant position bias), 'p_first' the raw P(the judge picks the answer in the first
@@ -257,6 +258,7 @@ def generation_seed(seed: int, round_: int) -> int:
     return config.derive_seed(seed, "debate-round", round_)
 
 
+@phases.timed("generation for evaluation")
 def argue(model, tok, prompts, word_limit: int, best_of: int, temperature: float, seed: int, batch_size: int,
           open_quote: bool = True):
     """best_of candidate arguments per prompt, word-limited: a list (per prompt) of lists of strings. With

@@ -15,7 +15,7 @@ import re
 import numpy as np
 from scipy import stats as sps
 
-from replication.core import config
+from replication.core import config, phases
 from replication.lm import judges, models, tasks, training
 from .params import JUDGES
 
@@ -102,6 +102,7 @@ class LikelihoodJudge:
                     self._pre = (ids[0], self.model(input_ids=ids, use_cache=True).past_key_values)
         return self._pre
 
+    @phases.timed("judging")
     def _mean_logps(self, question: str, texts) -> list:
         """Mean log-probability per token of each text (+ EOS) as the reply to the question: the shared prefix's
         cache, then the question once, then the replies (training.grouped_logps does the same without the prefix)."""

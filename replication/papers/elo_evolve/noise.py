@@ -10,7 +10,7 @@ import statsmodels.api as sm
 from scipy import optimize
 from scipy import stats as st
 
-from replication.core import config
+from replication.core import config, phases
 from replication.core.stats import proportion_ci
 from replication.lm import judges
 
@@ -98,6 +98,7 @@ def fit_pairwise(gaps, wins, alpha: float = 0.05) -> dict:
             "lr_test": {"statistic": stat, "df": df, "p_value": float(st.chi2.sf(stat, df)) if df > 0 else float("nan")}}
 
 
+@phases.timed("statistics and plotting")
 def bootstrap_ratio(quality, scores, gaps, wins, n_boot: int = 1000, seed: int = 0, gap: float = 1.0, scale=(1, 5),
                     groups=None) -> dict:
     """Percentile bootstrap of sigma_abs,eff, sigma_comp at one gap, and their ratio: responses are resampled

@@ -5,7 +5,7 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
-from replication.core import config
+from replication.core import config, phases
 from replication.lm import dpo, models, tasks, training
 
 ROLES = ("generator", "verifier", "refiner")
@@ -84,6 +84,7 @@ def _generate(model, tok, prompts, role, max_new_tokens, temperature, seed, batc
                                seed=seed, batch_size=batch_size, repeats=repeats).texts
 
 
+@phases.timed("tree/chain building")
 def sample_trees(model, tok, problems, n=3, tokens=(48, 32, 48), temperature=0.7, seed=0, batch_size=16,
                  trained=False, shots=(), sampler=None) -> dict:
     """One tree per problem: n generations, n critiques of each, n refinements of each (n^3 leaves), batched;

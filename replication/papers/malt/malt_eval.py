@@ -8,7 +8,7 @@ for every seed (they train nothing), so only the first seed's are read."""
 import numpy as np
 import pandas as pd
 
-from replication.core import config, stats
+from replication.core import config, phases, stats
 from replication.lm import arms, tasks
 from .malt import ROLES, majority_vote, rewards, run_chains, value_iteration
 
@@ -50,6 +50,7 @@ def reply_stats(rows) -> dict:
             "mean_chars": sum(len(x) for x in final) / n}
 
 
+@phases.timed("generation for evaluation")
 def variant_chains(cache, key: dict, name: str, model, tok, problems, **kw) -> list:
     """run_chains(model, tok, problems, **kw) for one named variant, made once through
     cache(name, key, make) (run.cached's signature); its key is `key` plus the variant's settings."""

@@ -11,7 +11,7 @@ and what debiasing removes (r' by question and its relation to correctness).
 import numpy as np
 import pandas as pd
 
-from replication.core import config, fmt, stats
+from replication.core import config, fmt, phases, stats
 from replication.lm import models
 from . import answers
 from .rlpr import AGGREGATIONS, aggregate, baseline_probs, debias, reply_probs
@@ -41,6 +41,7 @@ def sample_replies(model, tok, questions, samples: int, temperature: float = 1.0
                           "tokens": len(ids)} for q, t, p, ids in zip(qs, gen.texts, probs, gen.completion_ids)])
 
 
+@phases.timed("generation for evaluation")
 def sample_draws(model, tok, questions, samples: int, seeds, cache=None, key: dict = None, temperature: float = 1.0,
                  max_new_tokens: int = 48, batch_size: int = 16, shots=()) -> pd.DataFrame:
     """One draw of sampled replies per sampling seed in `seeds` (sample_replies with seed=s) with their reward

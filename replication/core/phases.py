@@ -1,0 +1,62 @@
+"""Where a notebook's time goes: wall seconds by phase, for the phase profile in each notebook's metrics.
+
+The machinery marks its own work (`with phase(...)` or `@timed(...)`): GRPO's rollouts are generation for training,
+its reward call reward scoring, its scoring and backward passes the update (training.Timer); tasks.evaluate and the
+papers' held-out chains and arguments generation for evaluation; the judges judging; MALT's trees tree/chain
+building; SFT and DPO the update; the bootstraps and savefig statistics and plotting. Time is counted once, in the
+innermost phase (a judge called inside a reward is judging, not reward scoring); what no phase covers (model loading,
+data, tables) is `other` (`profile(wall)`). Cached steps that are skipped cost nothing and show nothing.
+"""
+import functools
+import time
+from contextlib import contextmanager
+
+PHASES = ("generation for training", "generation for evaluation", "judging", "reward scoring", "update",
+          "tree/chain building", "statistics and plotting")
+_totals: dict = {}
+_stack: list = []   # [name, seconds so far, running since]
+
+
+@contextmanager
+def phase(name: str):
+    """Count the wall time inside the block to `name` (one of PHASES), less the time of phases nested inside it."""
+    if name not in PHASES:
+        raise ValueError(f"phase={name!r} is not allowed; choose one of {', '.join(PHASES)}")
+    now = time.perf_counter()
+    if _stack:   # the enclosing phase pauses
+        _stack[-1][1] += now - _stack[-1][2]
+    entry = [name, 0.0, now]
+    _stack.append(entry)
+    try:
+        yield
+    finally:
+        now = time.perf_counter()
+        entry[1] += now - entry[2]
+        _stack.pop()
+        _totals[name] = _totals.get(name, 0.0) + entry[1]
+        if _stack:   # and resumes
+            _stack[-1][2] = now
+
+
+def timed(name: str):
+    """A decorator: every call of the function is counted to phase `name`."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            with phase(name):
+                return fn(*args, **kwargs)
+        return inner
+    return wrap
+
+
+def reset() -> None:
+    """Start counting afresh (workbook.start: one notebook per kernel)."""
+    _totals.clear()
+    _stack.clear()
+
+
+def profile(wall: float) -> dict:
+    """Seconds by phase (every phase named, 0 where none ran) and `other`: the wall time no phase covered."""
+    out = {name: round(_totals.get(name, 0.0), 2) for name in PHASES}
+    out["other"] = round(max(0.0, wall - sum(_totals.values())), 2)
+    return out
