@@ -3,9 +3,10 @@
 Each row is one claim that rests on an interval, drawn in the paper's direction (the measured effect minus no effect,
 times the paper's sign), so right of 0 is the paper's side for every row: the estimate (a dot), its 95% interval (a
 bar; an infinite end runs to the frame with an arrow), each training seed's difference (small open circles) and the
-paper's effect where it is comparable (a diamond), coloured by verdict. Rows keep their own metric's units
-(accuracy differences, AUC differences, log-ratios): compare a row with its own no-effect line and paper's effect,
-not the lengths of two rows.
+paper's effect where it is comparable (a diamond), coloured by verdict. The rows' metrics differ (accuracy
+differences, AUC differences, Elo points, ratios), so each row is drawn scaled by its own largest finite magnitude
+(the interval, the seeds, the paper's effect) and its interval is written beside it in its own units: read a row
+against its own no-effect line and paper's effect, not the lengths of two rows.
 """
 import io
 import math
@@ -32,7 +33,7 @@ def rows(claims) -> list:
         seeds = [(x - null) * sign for x in (c.get("seed_differences") or [])]
         label = f"{c.get('notebook', '')[:2]} {c['claim']}"
         out.append({"label": label if len(label) <= 70 else label[:69] + "…", "verdict": c["verdict"],
-                    "low": lo, "high": hi, "estimate": est, "seeds": seeds if len(seeds) > 1 else [],
+                    "low": lo, "high": hi, "estimate": est, "interval": list(c["interval"]), "seeds": seeds if len(seeds) > 1 else [],
                     "effect": c.get("effect")})
     return out
 
@@ -48,40 +49,42 @@ def plot(claims, out_dir: Path) -> list:
     data = rows(claims)
     if not data:
         return []
-    finite = [x for r in data for x in (r["low"], r["high"], r["estimate"], *r["seeds"], r["effect"] or 0.0)
-              if x is not None and math.isfinite(x)]
-    span = max(1e-9, max(finite) - min(finite))
-    left, right = min(finite) - 0.05 * span, max(finite) + 0.05 * span
-    fig, ax = plt.subplots(figsize=(9.5, 0.28 * len(data) + 1.4))
+    fig, ax = plt.subplots(figsize=(10.5, 0.28 * len(data) + 1.4))
     for y, r in enumerate(reversed(data)):
         colour = COLOURS.get(r["verdict"], "#444")
-        lo, hi = max(r["low"], left), min(r["high"], right)
-        ax.plot([lo, hi], [y, y], color=colour, lw=2, solid_capstyle="butt")
-        for end, inside, mark in ((r["low"], lo, "<"), (r["high"], hi, ">")):
+        finite = [abs(x) for x in (r["low"], r["high"], r["estimate"], *r["seeds"], r["effect"] or 0.0)
+                  if x is not None and math.isfinite(x)]
+        scale = max(finite, default=0.0) or 1.0
+        at = lambda x: max(-1.05, min(1.05, x / scale))  # noqa: E731  (an infinite end runs to the frame)
+        ax.plot([at(r["low"]), at(r["high"])], [y, y], color=colour, lw=2, solid_capstyle="butt")
+        for end, mark in ((r["low"], "<"), (r["high"], ">")):
             if not math.isfinite(end):
-                ax.plot(inside, y, mark, color=colour, ms=5)
+                ax.plot(at(end), y, mark, color=colour, ms=5)
         if math.isfinite(r["estimate"]):
-            ax.plot(r["estimate"], y, "o", color=colour, ms=5)
-        ax.plot(r["seeds"], [y] * len(r["seeds"]), "o", mfc="none", mec=colour, ms=4, mew=0.8)
+            ax.plot(at(r["estimate"]), y, "o", color=colour, ms=5)
+        ax.plot([at(x) for x in r["seeds"]], [y] * len(r["seeds"]), "o", mfc="none", mec=colour, ms=4, mew=0.8)
         if r["effect"] is not None:
-            ax.plot(abs(r["effect"]), y, "D", color="black", ms=4)
+            ax.plot(at(abs(r["effect"])), y, "D", color="black", ms=4)
+        ax.text(1.1, y, "[" + ", ".join(f"{x:+.3g}" for x in r["interval"]) + "]", va="center", fontsize=6.5, color=colour)
     ax.axvline(0, color="grey", lw=0.8)
-    ax.set_xlim(left, right)
+    ax.set_xlim(-1.1, 1.45)
+    ax.set_xticks([-1, -0.5, 0, 0.5, 1])
     ax.set_yticks(range(len(data)), [r["label"] for r in reversed(data)], fontsize=7)
     ax.set_ylim(-0.7, len(data) - 0.3)
-    ax.set_xlabel("measured effect in the paper's direction (each row in its own metric's units; 0 = no effect)",
-                  fontsize=8)
+    ax.set_xlabel("measured effect in the paper's direction, each row scaled to its largest magnitude "
+                  "(0 = no effect; right: the interval in the row's own units)", fontsize=8)
     handles = [plt.Line2D([], [], color=c, lw=2, label=v) for v, c in COLOURS.items()
                if any(r["verdict"] == v for r in data)]
     handles += [plt.Line2D([], [], ls="", marker="o", mfc="none", mec="black", label="one training seed"),
                 plt.Line2D([], [], ls="", marker="D", color="black", label="paper's effect")]
-    ax.legend(handles=handles, fontsize=7, loc="lower right", framealpha=0.9)
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.45, -0.45 / (0.28 * len(data) + 1.4)),
+              ncol=len(handles), frameon=False)
     ax.set_title(f"Every comparative claim of the workbook ({len(data)}): estimate, 95% interval, seeds", fontsize=10)
     fig.tight_layout()
     written = []
     for ext in ("png", "pdf"):  # written atomically, without timestamps (the same ledger gives the same bytes)
         buf = io.BytesIO()
-        fig.savefig(buf, format=ext, dpi=150, metadata={"Software": None} if ext == "png" else
+        fig.savefig(buf, format=ext, dpi=150, bbox_inches="tight", metadata={"Software": None} if ext == "png" else
                     {"Creator": None, "Producer": None, "CreationDate": None})
         written.append(files.write_bytes(Path(out_dir) / f"{NAME}.{ext}", buf.getvalue()).name)
     plt.close(fig)
