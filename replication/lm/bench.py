@@ -3,6 +3,7 @@
     python -m replication bench grpo [--reps 3] [--config benchmark|workbook|both] [--json out.json]
     python -m replication bench update [--reps 3] [--config benchmark|workbook]   (both: benchmark)
     python -m replication bench parallel [--reps 3] [--workers 2]   (the workbook config)
+    python -m replication bench generate [--n 200] [--batch-size 16]
 
 grpo: each trainer runs in a fresh process (so its peak resident memory is its own), one warm-up step then `reps`
 timed steps. Rows: our trainer sampling from a bf16 copy of the policy and updating with bf16 base weights, with and
@@ -13,6 +14,11 @@ achieved FLOP/s is set against a matmul peak measured in the same run in the upd
 parallel: `workers` independent GRPO runs (as a notebook's training seeds are), one after another in this process at
 its thread count, against side by side in `workers` processes at one thread each (parallel.run_jobs); the wall
 times and their ratio, on the workbook config with the notebooks' bf16 rollout and update.
+
+generate: the notebooks' two generation workloads, ours against transformers' plain generate() on left-padded
+batches of 16 (no shared prefill): held-out evaluation (n two-digit sums after three worked examples, greedy, 48
+new tokens) and rollouts (16 prompts x G = 8 samples at T = 0.7, 32 new tokens); completion tokens/s, the ratio and
+the share of the ceiling these cores allow (2 x parameters FLOP per token at the measured matmul peak).
 
 update: our update phase (forward, backward and AdamW over prompts x G completions of max_new_tokens tokens) and
 the reference scoring pass, update_dtype float32 vs bfloat16, interleaved in one process; medians.
@@ -257,11 +263,62 @@ def parallel_runs(model_name: str, cfg: dict, reps: int, workers: int = 2) -> di
             "parallel_step_s": [r["step_s"] for r in par]}
 
 
+def plain_generate(model, tok, texts, max_new_tokens: int, batch_size: int = 16, temperature: float = 0.0,
+                   repeats: int = 1, seed: int = 0) -> list:
+    """The baseline: transformers' generate() on left-padded batches of templated texts (each repeated `repeats`
+    times in the batch), no shared prefill. Returns the completion token ids of every row, prompt-major."""
+    from transformers import GenerationConfig
+
+    rows = [t for t in texts for _ in range(repeats)]
+    sample = temperature > 0
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature if sample else None,
+                           top_p=None, top_k=None, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    out = []
+    for b, i in enumerate(range(0, len(rows), batch_size)):
+        torch.manual_seed(seed + b)
+        enc = tok(rows[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            seqs = model.generate(**enc, generation_config=cfg)
+        completion = seqs[:, enc["input_ids"].shape[1]:]
+        mask = models.completion_mask(completion, tok.eos_token_id)
+        out += [c[m.bool()].tolist() for c, m in zip(completion, mask)]
+    return out
+
+
+def generation(model_name: str, n: int = 200, batch_size: int = 16) -> dict:
+    """Tokens/s of both workloads (module docstring), ours vs the plain path, with the fp32 ceiling."""
+    model, tok = models.load_model(model_name)
+    shots = tasks.worked_examples("2d-1step-add", 3, seed=0)
+    heldout = tasks.make_level("2d-1step-add", n, seed=1)
+    texts = models.chat_prompts(tok, [p.chat(shots) for p in heldout])
+    rollout = models.chat_prompts(tok, [p.chat(shots) for p in heldout[:16]])
+    out = {}
+    for name, kw in {"evaluation": {"texts": texts, "max_new_tokens": 48, "temperature": 0.0, "repeats": 1},
+                     "rollout": {"texts": rollout, "max_new_tokens": 32, "temperature": 0.7, "repeats": 8}}.items():
+        t0 = time.perf_counter()
+        ours_gen = models.generate(model, tok, kw["texts"], kw["max_new_tokens"], kw["temperature"], batch_size=batch_size,
+                                   chat=False, repeats=kw["repeats"])
+        t1 = time.perf_counter()
+        plain = plain_generate(model, tok, kw["texts"], kw["max_new_tokens"], batch_size, kw["temperature"], kw["repeats"])
+        t2 = time.perf_counter()
+        ours_tps, plain_tps = ours_gen.num_tokens / (t1 - t0), sum(map(len, plain)) / (t2 - t1)
+        out[name] = {"ours_tokens_per_s": ours_tps, "plain_tokens_per_s": plain_tps, "ratio": ours_tps / plain_tps,
+                     "ours_s": t1 - t0, "plain_s": t2 - t1, "same_greedy_outputs": (
+                         ours_gen.completion_ids == plain if kw["temperature"] == 0 else None)}
+    n_params = sum(p.numel() for p in model.parameters())
+    peak = matmul_peak(dtype="float32")
+    return {"workloads": out, "ceiling_tokens_per_s": peak / (2 * n_params), "matmul_peak_flops": peak,
+            "threads": torch.get_num_threads(), "n": n, "batch_size": batch_size}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m replication bench")
-    ap.add_argument("what", choices=["grpo", "update", "parallel"],
+    ap.add_argument("what", choices=["grpo", "update", "parallel", "generate"],
                     help="grpo: full steps, ours vs TRL; update: our update and scoring phases, fp32 vs bf16; "
-                         "parallel: independent runs one after another vs side by side at one thread each")
+                         "parallel: independent runs one after another vs side by side at one thread each; "
+                         "generate: evaluation and rollout generation, ours vs plain generate()")
+    ap.add_argument("--n", type=int, default=200, help="generate: held-out questions (default 200)")
+    ap.add_argument("--batch-size", type=int, default=16, help="generate: rows per batch (default 16)")
     ap.add_argument("--workers", type=int, default=2, help="parallel: runs side by side (default 2)")
     ap.add_argument("--reps", type=int, default=3, help="timed steps per trainer (after one warm-up step)")
     ap.add_argument("--config", default="both", choices=[*CONFIGS, "both"])
@@ -271,6 +328,18 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error(f"--reps {args.reps} is not allowed; it must be >= 1")
+    if args.what == "generate":
+        r = generation(args.model, args.n, args.batch_size)
+        print(f"{r['threads']} threads, batch {r['batch_size']}; ceiling at the fp32 matmul peak "
+              f"({r['matmul_peak_flops'] / 1e9:.0f} GFLOP/s): {r['ceiling_tokens_per_s']:.0f} tokens/s")
+        for name, w in r["workloads"].items():
+            same = "" if w["same_greedy_outputs"] is None else f"; greedy outputs identical: {w['same_greedy_outputs']}"
+            print(f"{name}: ours {w['ours_tokens_per_s']:.0f} tokens/s ({w['ours_s']:.1f} s), plain generate() "
+                  f"{w['plain_tokens_per_s']:.0f} tokens/s ({w['plain_s']:.1f} s): {w['ratio']:.2f}x; "
+                  f"{100 * w['ours_tokens_per_s'] / r['ceiling_tokens_per_s']:.1f}% of the ceiling{same}")
+        if args.json:
+            files.write_json(args.json, {"date": time.strftime("%Y-%m-%d"), **r})
+        return 0
     if args.what == "parallel":
         r = parallel_runs(args.model, CONFIGS["workbook"], args.reps, args.workers)
         print(f"{r['workers']} GRPO runs of {args.reps + 1} steps (workbook config, bf16 rollout and update): one after another "
