@@ -1,7 +1,8 @@
 """A trained arm, handled one way in every notebook: its health check, its record and its paired comparison with
 another arm (its held-out answers come from the one evaluation, `tasks.evaluate`).
 
-The health rule (`health`): an arm enters a comparison only when all three checks pass.
+The health rule (`health`): an arm is healthy when all three checks pass; a failed check is reported beside
+the verdict of every comparison the arm takes part in (the comparison is still measured and judged).
 - learned: the arm's own training signal moved the right way. Each paper passes its signal as a change where
   positive means learning: the rise of the training reward from the first to the last third of the steps
   (`reward_rise`), the rise of the policy's Elo, or the fall of a validation loss (`loss_fall`). With a 95%
