@@ -173,6 +173,21 @@ def test_a_training_seed_changes_the_run_and_the_first_keeps_its_key():
     assert _results(runs[0]["proposals"]) != _results(runs[2]["proposals"])
 
 
+def test_every_training_seed_is_trained_on_the_evaluated_worked_examples():
+    """The held-out evaluation prompts with the notebook seed's worked examples: a later training seed must train
+    on the same ones (shots_seed), not on examples drawn from its own seed; the first seed keeps its old key."""
+    cfg = mae.MAEConfig(shots=3, seed_level="2d-1step-add", seed=0)
+    evaluated = tasks.worked_examples("2d-1step-add", 3, 0)
+    later = dataclasses.replace(cfg, seed=2, shots_seed=0)
+    assert [p.id for p in mae.worked_examples(later)] == [p.id for p in evaluated]
+    assert [p.id for p in mae.worked_examples(dataclasses.replace(cfg, seed=2))] != [p.id for p in evaluated]
+    questions = tasks.make_level("1d-1step-add", 4)
+    assert mae.run_key("m", questions, dataclasses.replace(cfg, shots_seed=0)) == mae.run_key("m", questions, cfg)
+    assert mae.run_key("m", questions, later) != mae.run_key("m", questions, dataclasses.replace(cfg, seed=2))
+    with pytest.raises(ValueError, match="shots_seed"):
+        dataclasses.replace(cfg, shots_seed=-1).validate()
+
+
 def test_mcnemar_on_paired_outcomes_is_exact():
     from scipy.stats import binomtest
 

@@ -18,6 +18,7 @@ unknown) get no score (the authors' neutral 0.5), and questions are still rated 
 import random
 import re
 from dataclasses import asdict, dataclass, fields
+from typing import Optional
 
 import numpy as np
 import torch
@@ -132,6 +133,8 @@ class MAEConfig:
     seed_level: str = "1d-1step-add"  # the level of the solver's worked examples
     shots: int = 0              # worked examples before each solver question (chat turns)
     seed: int = 0
+    shots_seed: Optional[int] = None  # the seed that draws the worked examples (None: seed); a notebook's training
+                                      # seeds keep the notebook's, so every seed is trained on the evaluated prompt
 
     @classmethod
     def from_params(cls, params, **changes) -> "MAEConfig":
@@ -145,6 +148,8 @@ class MAEConfig:
             config.check_int(name, getattr(self, name))
         config.check_int("seed", self.seed, minimum=0)
         config.check_int("shots", self.shots, minimum=0)
+        if self.shots_seed is not None:
+            config.check_int("shots_seed", self.shots_seed, minimum=0)
         config.check_choice("judge", self.judge, JUDGES)
         config.check_choice("seed_level", self.seed_level, tuple(tasks.LEVELS))
         config.check_choice("score_rule", self.score_rule, mae_scores.SCORE_RULES)
@@ -241,7 +246,7 @@ def collect(generate, pool: QuestionPool, cfg: MAEConfig, it: int, timer=None, s
     Returns {"chunks": [(role, generation, rewards)] for joint_update, "row", "proposals", "verified"}."""
     rng = random.Random(config.derive_seed(cfg.seed, "mae-pool", it, *stream))
     timer = timer or training.Timer()
-    shots = tasks.worked_examples(cfg.seed_level, cfg.shots, cfg.seed)
+    shots = worked_examples(cfg)
     with timer("generation"):
         refs = [pool.sample(rng, 1)[0]["question"] if rng.random() < cfg.reference_ratio and len(pool) else None
                 for _ in range(cfg.proposals)]
@@ -347,9 +352,18 @@ def run_loop(model, tok, seeds, cfg: MAEConfig, folder: "loop.RunFolder" = None,
     return {"rows": rows, **state}
 
 
+def worked_examples(cfg: MAEConfig) -> list:
+    """The solver's worked examples: drawn with shots_seed (None: the loop's seed)."""
+    return tasks.worked_examples(cfg.seed_level, cfg.shots, cfg.seed if cfg.shots_seed is None else cfg.shots_seed)
+
+
 def run_key(model_name: str, seeds, cfg: MAEConfig) -> dict:
-    """What identifies one arm's run: the model, the seed questions and the loop settings."""
-    return {"model": model_name, "seeds": [p.id for p in seeds], **asdict(cfg)}
+    """What identifies one arm's run: the model, the seed questions and the loop settings (shots_seed only where it
+    draws other worked examples than the loop's seed would, so runs keyed before it keep their keys)."""
+    settings = asdict(cfg)
+    if cfg.shots_seed is None or cfg.shots_seed == cfg.seed:
+        settings.pop("shots_seed")
+    return {"model": model_name, "seeds": [p.id for p in seeds], **settings}
 
 
 def run_arm(model, tok, name: str, seeds, cfg: MAEConfig, folder: "loop.RunFolder" = None, progress: bool = True):
