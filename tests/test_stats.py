@@ -183,6 +183,7 @@ def test_one_run_and_failed_health_show_beside_the_verdict():
     row = {"verdict": "inconclusive", "qualifier": "one run", "health": "failed health check: a (learned)"}
     assert verdicts.label(row) == "inconclusive (one run); failed health check: a (learned)"
     assert verdicts.label({"verdict": "reproduced"}) == "reproduced"
+    assert verdicts.qualifier([0.1], unit="draw") == "one draw" and verdicts.qualifier([0.1, 0.2], unit="draw") is None
     with pytest.raises(ValueError, match="seed_differences"):
         verdicts.verdict(interval=(0.1, 0.2), seed_differences=[0.1, float("nan")])
 

@@ -61,9 +61,12 @@ def from_interval(low: float, high: float, direction: int = +1, null: float = 0.
     return "inconclusive"
 
 
-def qualifier(seed_differences=None):
-    """The verdict's qualifier shown beside it: 'one run' for a training comparison of one seed, else None."""
-    return ONE_RUN if seed_differences is not None and np.atleast_1d(seed_differences).size == 1 else None
+def qualifier(seed_differences=None, unit: str = "seed"):
+    """The verdict's qualifier shown beside it: 'one run' for a training comparison of one seed ('one draw' where
+    the repeats are draws of sampled replies, unit='draw'), else None."""
+    if seed_differences is None or np.atleast_1d(seed_differences).size != 1:
+        return None
+    return ONE_RUN if unit == "seed" else f"one {unit}"
 
 
 def label(row: dict) -> str:

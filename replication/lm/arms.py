@@ -155,7 +155,7 @@ def compare(a: str, b: str, tables: dict, records: dict, column: str = "correct"
                                                                           [y.mean() for _, y in pairs[:len(tb)]]),
             "failed": [x for x in (a, b) if not all(r["healthy"] for r in by_seed(records[x]))],
             "basis": {"interval": (d[1], d[2]), "estimate": d[0], "seed_differences": [float(x) for x in per_seed],
-                      "health": health_text}}
+                      "health": health_text, **({} if unit == "seed" else {"unit": unit})}}
 
 
 def basis(interval, records: dict, names, estimate: float = None, seed_differences=None) -> dict:
