@@ -205,16 +205,8 @@ def kernel_env(name: str):
     changes = {config.RUNNER_ENV: name,
                "PYTHONPATH": os.pathsep.join([root, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                      if p and p != root]])}
-    before = {k: os.environ.get(k) for k in changes}
-    os.environ.update(changes)
-    try:
+    with config.environ(changes):
         yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = False, log=print,

@@ -1,4 +1,5 @@
 """Paths, profiles, seeding and parameter checks shared by every notebook."""
+import contextlib
 import os
 import random
 from pathlib import Path
@@ -104,6 +105,21 @@ def kernel_paths(profile: str) -> Paths:
     """The run folder of this kernel's notebook: the runner's (named in REPLICATION_RUN_FOLDER) or, for a run by
     hand, runs/<profile>-scratch/."""
     return Paths(profile, os.environ.get(RUNNER_ENV) or f"{profile}-scratch")
+
+
+@contextlib.contextmanager
+def environ(changes: dict):
+    """os.environ with `changes` applied inside the block, each variable restored (or removed) after it."""
+    before = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def by_runner() -> bool:

@@ -10,29 +10,12 @@ does not depend on which worker ran it: the same as a run of the same job in one
 fn must be a module-level function and the jobs' values picklable; a cached or resumable job (run.cached,
 run.run_folder) writes its cache from the worker, so an interrupted parallel run resumes like a sequential one.
 """
-import contextlib
 import multiprocessing
-import os
 from concurrent.futures import ProcessPoolExecutor
 
 from replication.core import config
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-@contextlib.contextmanager
-def one_thread_env():
-    """The environment the workers start with: one OpenMP/MKL thread (read when torch loads in the worker)."""
-    before = {k: os.environ.get(k) for k in THREAD_VARS}
-    os.environ.update({k: "1" for k in THREAD_VARS})
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _init() -> None:
@@ -52,8 +35,9 @@ def run_jobs(fn, jobs, workers: int = 1) -> list:
     jobs = list(jobs)
     if workers == 1 or len(jobs) <= 1:
         return [fn(**job) for job in jobs]
-    with one_thread_env(), ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
-                                               initializer=_init) as pool:
+    one_thread = config.environ({k: "1" for k in THREAD_VARS})  # read when torch loads in a worker
+    spawn = multiprocessing.get_context("spawn")
+    with one_thread, ProcessPoolExecutor(min(workers, len(jobs)), mp_context=spawn, initializer=_init) as pool:
         futures = [pool.submit(_call, fn, job) for job in jobs]
         out = []
         for i, f in enumerate(futures):
