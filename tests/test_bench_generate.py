@@ -15,3 +15,32 @@ def test_greedy_outputs_of_our_path_equal_plain_generate(tiny):
     # repeats share one prefill per prompt: greedy repeats equal the plain path's repeated rows
     again = models.generate(model, tok, texts[:2], max_new_tokens=6, batch_size=4, chat=False, repeats=2)
     assert again.completion_ids == bench.plain_generate(model, tok, texts[:2], max_new_tokens=6, batch_size=4, repeats=2)
+
+
+def test_greedy_drops_finished_rows_and_gives_generates_tokens(tiny):
+    """Rows that finish early leave the batch: with an end token the tiny model emits at different steps per row,
+    the completions equal transformers' generate() token for token (pad after the end), with and without a
+    shared prefill cache."""
+    import torch
+    from transformers import GenerationConfig
+
+    from replication.lm import generation
+
+    model, tok = tiny
+    texts = models.chat_prompts(tok, ["one", "two plus two", "three", "what is five", "x", "a longer question here"])
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    with torch.no_grad():
+        free = model.generate(input_ids=ids, attention_mask=mask, generation_config=GenerationConfig(
+            max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=None))[:, ids.shape[1]:]
+    end = int(torch.mode(free[:, 1:].flatten()).values)   # the commonest later token: the end token of this test
+    cfg = GenerationConfig(max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=end)
+    with torch.no_grad():
+        plain = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)[:, ids.shape[1]:]
+        ours = generation.greedy(model, ids, mask, 12, end, tok.pad_token_id)
+        _, cache, head, head_mask, _ = generation.encode_prompts(model, ids[:, :-1], mask[:, :-1], min_prefix=1)
+        prefilled = generation.greedy(model, torch.cat([head, ids[:, -1:]], 1), torch.cat([head_mask, mask[:, -1:]], 1),
+                                      12, end, tok.pad_token_id, cache)
+    lengths = generation.completion_mask(plain, end).sum(1)
+    assert lengths.min() < lengths.max()                   # rows leave the batch at different steps
+    assert torch.equal(ours, plain) and torch.equal(prefilled, plain)

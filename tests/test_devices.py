@@ -7,7 +7,7 @@ none; the shared-prompt check is skipped on meta); the inputs of the forwards be
 import pytest
 import torch
 
-from replication.lm import dpo, judges, models, tasks
+from replication.lm import dpo, generation, judges, models, tasks
 from replication.papers.elo_evolve import judging
 from replication.papers.rlpr import rlpr
 
@@ -44,7 +44,7 @@ PATHS = {
 def test_inputs_are_built_on_the_models_device(path, monkeypatch):
     model, tok, seen = meta_model()
     real = models.common_prefix  # reads token values: on meta tensors, no shared run (encode prompts as given)
-    monkeypatch.setattr(models, "common_prefix", lambda ids, mask: real(ids, mask) if ids.device.type != "meta" else 0)
+    monkeypatch.setattr(generation, "common_prefix", lambda ids, mask: real(ids, mask) if ids.device.type != "meta" else 0)
     try:
         PATHS[path](model, tok)
     except (NotImplementedError, RuntimeError, ValueError) as e:  # a step that reads values of meta tensors
