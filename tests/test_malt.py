@@ -9,7 +9,7 @@ import torch
 from replication.core import cache, config, stats
 from replication.lm import dpo, models, tasks
 from replication.lm.arms import RECORD_KEYS
-from replication.papers.malt import malt, malt_eval
+from replication.papers.malt import malt, malt_eval, malt_training
 
 # One question, n = 2: leaves under (g0, v00), (g0, v01), (g1, v10), (g1, v11).
 REWARD_N2 = np.array([[[[1, 0], [1, 1]], [[0, 0], [0, 1]]]])
@@ -147,7 +147,7 @@ def test_adapter_switching_between_roles():
     base, tok = models.tiny_model(seed=1)
     ids = torch.tensor([tok("hello there", add_special_tokens=False)["input_ids"]])
     before = _logits(base, ids).clone()
-    model = malt.add_role_adapters(base, r=4, alpha=8)
+    model = malt_training.add_role_adapters(base, r=4, alpha=8)
     assert set(model.peft_config) == set(malt.ROLES)
     with torch.no_grad():                               # give each role its own non-zero LoRA B
         for i, role in enumerate(malt.ROLES):
@@ -164,19 +164,19 @@ def test_adapter_switching_between_roles():
     assert not torch.allclose(out["generator"], out["verifier"])
     assert not torch.allclose(out["verifier"], out["refiner"])
     assert not torch.allclose(out["generator"], before)
-    saved = malt.adapter_state(model, "verifier")
+    saved = malt_training.adapter_state(model, "verifier")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B.verifier." in name:
                 p.zero_()
-    malt.load_adapter_state(model, "verifier", saved)
+    malt_training.load_adapter_state(model, "verifier", saved)
     with malt.use_role(model, "verifier"):
         torch.testing.assert_close(_logits(model, ids), out["verifier"])
 
 
 def _tiny_roles(seed=0):
     model, tok = models.tiny_model(seed=seed)
-    return malt.add_role_adapters(model, r=8, alpha=16), tok
+    return malt_training.add_role_adapters(model, r=8, alpha=16), tok
 
 
 PAIRS = [("say a", "aaaa", "zzzz"), ("say b", "abab", "zyzy"), ("go", "aaba", "zzyz"), ("hi", "baaa", "yzzz")]
@@ -186,30 +186,30 @@ def test_dpo_with_sft_reference_starts_at_log2_and_learns():
     model, tok = _tiny_roles()
     cfg = dpo.PreferenceConfig(lr=5e-3, epochs=1, batch_size=4, dpo_beta=0.5, seed=0)
     dpo.train_sft(model, tok, [(p, c) for p, c, _ in PAIRS], cfg, adapter_name="refiner", progress=False)
-    sft_state = malt.adapter_state(model, "refiner")
-    rows = malt.train_dpo_sft_reference(model, tok, PAIRS * 4, dpo.PreferenceConfig(
+    sft_state = malt_training.adapter_state(model, "refiner")
+    rows = malt_training.train_dpo_sft_reference(model, tok, PAIRS * 4, dpo.PreferenceConfig(
         lr=5e-3, epochs=3, batch_size=4, dpo_beta=0.5, seed=0), "refiner")
     # reference = the SFT adapter itself, so the first margin is 0 and the loss is log 2 exactly
     assert rows[0]["margin"] == pytest.approx(0.0, abs=1e-4)
     assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert rows[-1]["margin"] > 1.0 and rows[-1]["accuracy"] == 1.0
     # the base-reference path (dpo.train_dpo) starts away from 0 after SFT moved the adapter
-    malt.load_adapter_state(model, "refiner", sft_state)
-    logs = malt.train_role(model, tok, "refiner", [], PAIRS, cfg, cfg, reference="base", stage="dpo")
+    malt_training.load_adapter_state(model, "refiner", sft_state)
+    logs = malt_training.train_role(model, tok, "refiner", [], PAIRS, cfg, cfg, reference="base", stage="dpo")
     assert logs["sft"] == [] and abs(logs["dpo"][0]["margin"]) > 1e-3
 
 
 def test_train_role_touches_only_its_adapter():
     model, tok = _tiny_roles()
-    before = {r: malt.adapter_state(model, r) for r in malt.ROLES}
+    before = {r: malt_training.adapter_state(model, r) for r in malt.ROLES}
     cfg = dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, dpo_beta=0.1, seed=0)
-    logs = malt.train_role(model, tok, "verifier", [(p, c) for p, c, _ in PAIRS], PAIRS, cfg, cfg)
+    logs = malt_training.train_role(model, tok, "verifier", [(p, c) for p, c, _ in PAIRS], PAIRS, cfg, cfg)
     assert len(logs["sft"]) == 2 and len(logs["dpo"]) == 2
-    after = {r: malt.adapter_state(model, r) for r in malt.ROLES}
+    after = {r: malt_training.adapter_state(model, r) for r in malt.ROLES}
     changed = {r: any(not torch.equal(before[r][k], after[r][k]) for k in before[r]) for r in malt.ROLES}
     assert changed == {"generator": False, "verifier": True, "refiner": False}
     with pytest.raises(ValueError, match="reference"):
-        malt.train_role(model, tok, "verifier", [], PAIRS, cfg, cfg, reference="ema")
+        malt_training.train_role(model, tok, "verifier", [], PAIRS, cfg, cfg, reference="ema")
 
 
 def test_sample_trees_and_chains_shapes():
@@ -277,9 +277,10 @@ def test_construction_holds_on_the_hand_tree_and_fails_off_it():
 
 
 def chains(question, outcomes, answer=5):
-    """Rows as run_chains gives them: (g_correct, correct, final answer) per chain."""
-    return [{"question": question, "chain": c, "answer": answer, "g_correct": g, "correct": ok, "final_answer": a}
-            for c, (g, ok, a) in enumerate(outcomes)]
+    """Rows as run_chains gives them: (g_correct, correct, final answer) per chain; the first answer is the true
+    answer when right, else answer + 1."""
+    return [{"question": question, "chain": c, "answer": answer, "g_correct": g, "correct": ok, "final_answer": a,
+             "g_answer": answer if g else answer + 1} for c, (g, ok, a) in enumerate(outcomes)]
 
 
 ROWS = {  # two questions (answer 5), three chains each; single-chain variants have chain 0 only
@@ -289,7 +290,9 @@ ROWS = {  # two questions (answer 5), three chains each; single-chain variants h
     "untrained": chains(0, [(0, 0, 4)]) + chains(1, [(1, 1, 5)]),
     "sft": chains(0, [(0, 1, 5)]) + chains(1, [(0, 0, 1)]),
     "dpo_local": chains(0, [(0, 0, 4)]) + chains(1, [(0, 0, 1)]),
+    "single": chains(0, [(1, 1, 5), (0, 0, 6), (0, 0, 6)]) + chains(1, [(1, 1, 5), (1, 1, 5), (0, 0, 6)]),
 }
+ROWS["dpo_generator"] = malt_eval.generator_alone(ROWS["dpo"])   # first answers: q0 wrong, right, wrong; q1 right, wrong, wrong
 
 
 def test_per_question_first_chain_and_vote():
@@ -301,7 +304,9 @@ def test_per_question_first_chain_and_vote():
 def test_accuracy_summary_uses_wilson_intervals():
     acc = malt_eval.accuracy_summary(ROWS, votes=3)
     assert list(acc) == ["base generator (greedy)", "base generator", "base generator, vote of 3", "untrained G-V-R",
-                         "after SFT", "after SFT + DPO (MALT)", "MALT, vote of 3", "MALT, local pooling"]
+                         "after SFT", "after SFT + DPO (MALT)", "MALT, vote of 3", "MALT, local pooling",
+                         "MALT's generator alone", "MALT's generator alone, vote of 3", "single-agent control",
+                         "single-agent control, vote of 3"]
     p, lo, hi = stats.proportion_ci(2, 2)
     assert acc["MALT, vote of 3"] == {"acc": p, "ci95": [lo, hi], "n": 2, "seeds": 1, "per_seed": [1.0], "trained": True}
     assert acc["base generator"]["acc"] == 0.5 and acc["after SFT"]["acc"] == 0.5
@@ -407,16 +412,16 @@ def test_trained_stage_survives_the_cache(tmp_path):
     pairs = {r: PAIRS for r in malt.ROLES}
 
     def make():
-        return malt.train_stage(model, tok, sets, pairs, cfg, cfg, "sft", "sft")
+        return malt_training.train_stage(model, tok, sets, pairs, cfg, cfg, "sft", "sft")
 
     first = cache.cached(tmp_path, "sft", {"k": 1}, make)
-    trained = {r: malt.adapter_state(model, r) for r in malt.ROLES}
+    trained = {r: malt_training.adapter_state(model, r) for r in malt.ROLES}
     assert all(len(first["logs"][r]["sft"]) == 2 and first["logs"][r]["dpo"] == [] for r in malt.ROLES)
     fresh, _ = _tiny_roles()
     for value in (first, cache.cached(tmp_path, "sft", {"k": 1}, make)):   # as made, then as reloaded
-        malt.load_stage(fresh, value)
+        malt_training.load_stage(fresh, value)
         for r in malt.ROLES:
-            state = malt.adapter_state(fresh, r)
+            state = malt_training.adapter_state(fresh, r)
             assert all(torch.equal(state[k], trained[r][k]) for k in state)
 
 
@@ -472,11 +477,11 @@ def test_equal_budget_gives_every_pooling_the_same_count_per_role():
 def test_held_out_check_keeps_the_best_epoch():
     examples = [(p, c) for p, c, _ in PAIRS]
     model, tok = _tiny_roles()
-    before = malt.adapter_state(model, "generator")
+    before = malt_training.adapter_state(model, "generator")
     frozen = dpo.PreferenceConfig(lr=0.0, epochs=2, batch_size=2, seed=0)
     rows = dpo.train_sft(model, tok, examples, frozen, adapter_name="generator", progress=False, validation=examples)
     assert rows[-1]["best_epoch"] == 0 and len(rows[-1]["val_curve"]) == 3     # nothing learned: epoch 0 kept
-    after = malt.adapter_state(model, "generator")
+    after = malt_training.adapter_state(model, "generator")
     assert all(torch.equal(before[k], after[k]) for k in before)
     learn = dpo.PreferenceConfig(lr=5e-3, epochs=3, batch_size=2, seed=0)
     rows = dpo.train_sft(model, tok, examples, learn, adapter_name="generator", progress=False, validation=examples)
@@ -525,14 +530,24 @@ def test_arm_records_and_comparison_basis():
     rows = {k: _with_text(v, "z" * 10) for k, v in ROWS.items()}
     logs = _logs([[1.0, 0.8], [1.0, 0.9], [1.0, 0.95]])
     sets = {p: ({r: ["s"] * 2 for r in malt.ROLES}, {r: ["p"] * 3 for r in malt.ROLES}) for p in malt.POOLINGS}
-    arms = malt_eval.arm_records(rows, {"sft": (logs, "global"), "dpo": (logs, "global"), "dpo_local": (logs, "local")}, sets,
-                                 chars)
+    own_logs = _logs([[1.0, 0.9], None, None])                    # the control trains the generator only
+    own = ({"generator": ["s"] * 2, "verifier": [], "refiner": []}, {"generator": ["p"] * 3, "verifier": [], "refiner": []})
+    arms = malt_eval.arm_records(rows, {"sft": (logs, sets["global"], malt.ROLES, "global"),
+                                        "dpo": (logs, sets["global"], malt.ROLES, "global"),
+                                        "dpo_local": (logs, sets["local"], malt.ROLES, "local"),
+                                        "dpo_generator": (logs, sets["global"], ("generator",), "global"),
+                                        "single": (own_logs, own, ("generator",), "own answer")}, chars)
     by = {a["arm"]: a for a in arms}
     assert list(by) == list(malt_eval.ARM_VARIANTS)
     assert all(set(RECORD_KEYS) <= set(a) for a in arms)
     assert by["base generator"]["steps"] == 0 and by["base generator"]["samples"] == 0
     assert by["after SFT"]["steps"] == 3 and by["after SFT"]["samples"] == 6
     assert by["MALT (global pooling)"]["steps"] == 6 and by["MALT (global pooling)"]["samples"] == 15
+    # the generator alone counts the generator's data: as many as the control's, which trained nothing else
+    assert by["MALT's generator alone"]["samples"] == by["single-agent control"]["samples"] == 5
+    assert by["MALT's generator alone"]["steps"] == by["single-agent control"]["steps"] == 2
+    assert by["single-agent control"]["labels"] == "own answer" and by["MALT (local pooling)"]["labels"] == "local"
+    assert by["single-agent control"]["health"]["signal"]["by_role"] == {"generator": pytest.approx(0.1)}
     d = {"ci95": [0.1, 0.3]}
     assert malt_eval.comparison_basis(d, ["MALT (global pooling)"], arms) == {"interval": (0.1, 0.3), "health": None}
     failed = [{**a, "healthy": False, "failed_checks": ["learned"]} if a["arm"] == "after SFT" else a for a in arms]
@@ -545,7 +560,8 @@ def test_arm_records_and_comparison_basis():
     assert basis["health"] == "failed health check: after SFT seed 1 (learned)" and basis["interval"] == (0.1, 0.3)
     frame = malt_eval.records_frame(by_arm, [0, 1])
     assert list(frame.index) == [("base generator", "-"), ("untrained G-V-R", "-")] + [
-        (a, s) for a in ("after SFT", "MALT (global pooling)", "MALT (local pooling)") for s in (0, 1)]
+        (a, s) for a in ("after SFT", "MALT (global pooling)", "MALT (local pooling)", "MALT's generator alone",
+                         "single-agent control") for s in (0, 1)]
     assert frame.loc[("after SFT", 1), "failed_checks"] == ["learned"]
 
 
@@ -595,25 +611,25 @@ def test_an_arm_takes_the_roles_it_shares_with_another_arm_and_trains_the_rest(t
     hold exactly what training them would give; the role whose data differ is trained (same_data_roles)."""
     model, tok = _tiny_roles()
     cfg = dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, dpo_beta=0.1, seed=0)
-    init = {r: malt.adapter_state(model, r) for r in malt.ROLES}
+    init = {r: malt_training.adapter_state(model, r) for r in malt.ROLES}
     sets_a = ({r: [(p, c) for p, c, _ in PAIRS] for r in malt.ROLES}, {r: PAIRS for r in malt.ROLES})
     sets_b = ({**sets_a[0], "generator": [(p, r) for p, _, r in PAIRS]}, {**sets_a[1], "generator": PAIRS[::-1]})
     val = ({r: [] for r in malt.ROLES}, {r: [] for r in malt.ROLES})
-    assert malt.same_data_roles(sets_a, val, sets_b, val) == ["verifier", "refiner"]
+    assert malt_training.same_data_roles(sets_a, val, sets_b, val) == ["verifier", "refiner"]
 
     def cached(name, key, make):
         return cache.cached(tmp_path, name, key, make)
 
-    a = malt.train_arm(cached, {"k": 1}, "a", model, tok, init, sets_a, val, cfg, cfg)
+    a = malt_training.train_arm(cached, {"k": 1}, "a", model, tok, init, sets_a, val, cfg, cfg)
     calls = []
-    real = malt.train_role
+    real = malt_training.train_role
     try:
-        malt.train_role = lambda m, t, role, *args, **kw: calls.append(role) or real(m, t, role, *args, **kw)
-        b = malt.train_arm(cached, {"k": 1}, "b", model, tok, init, sets_b, val, cfg, cfg, reuse=(a, sets_a, val))
+        malt_training.train_role = lambda m, t, role, *args, **kw: calls.append(role) or real(m, t, role, *args, **kw)
+        b = malt_training.train_arm(cached, {"k": 1}, "b", model, tok, init, sets_b, val, cfg, cfg, reuse=(a, sets_a, val))
     finally:
-        malt.train_role = real
+        malt_training.train_role = real
     assert b["reused"] == ["verifier", "refiner"] and calls == ["generator", "generator"]   # its SFT, then its DPO
-    fresh = malt.train_arm(cached, {"k": 1}, "b-fresh", model, tok, init, sets_b, val, cfg, cfg)
+    fresh = malt_training.train_arm(cached, {"k": 1}, "b-fresh", model, tok, init, sets_b, val, cfg, cfg)
     for stage in ("sft", "dpo"):
         for r in malt.ROLES:
             assert all(torch.equal(b[stage]["weights"][r][k], fresh[stage]["weights"][r][k]) for k in fresh[stage]["weights"][r])
@@ -623,8 +639,8 @@ def test_an_arm_takes_the_roles_it_shares_with_another_arm_and_trains_the_rest(t
 
 def test_a_training_seed_redraws_lora_a_and_keeps_every_role_at_the_base_model():
     model, tok = _tiny_roles()
-    init = {r: malt.adapter_state(model, r) for r in malt.ROLES}
-    one, again, two = malt.seed_init(init, 1), malt.seed_init(init, 1), malt.seed_init(init, 2)
+    init = {r: malt_training.adapter_state(model, r) for r in malt.ROLES}
+    one, again, two = malt_training.seed_init(init, 1), malt_training.seed_init(init, 1), malt_training.seed_init(init, 2)
     ids = torch.tensor([tok("hello there", add_special_tokens=False)["input_ids"]])
     with malt.use_role(model, None):
         base = _logits(model, ids)
@@ -634,7 +650,7 @@ def test_a_training_seed_redraws_lora_a_and_keeps_every_role_at_the_base_model()
         assert all(not torch.equal(one[r][k], init[r][k]) and not torch.equal(one[r][k], two[r][k]) for k in a_keys)
         assert all(torch.equal(one[r][k], init[r][k]) for k in init[r] if k not in a_keys)     # B: still zero
         assert all(one[r][k].abs().max() <= one[r][k].shape[1] ** -0.5 for k in a_keys)      # peft's bound
-        malt.load_adapter_state(model, r, one[r])
+        malt_training.load_adapter_state(model, r, one[r])
         with malt.use_role(model, r):
             torch.testing.assert_close(_logits(model, ids), base)                          # B = 0: the base model
     assert not torch.equal(one["generator"][a_keys[0]], one["verifier"][a_keys[0]])       # each role its own draw

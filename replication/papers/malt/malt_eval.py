@@ -4,17 +4,21 @@ over training seeds, paired differences (arms.compare: seeds x questions, two-le
 
 Rows come as variant -> chains for one training seed, or a list of them, one per training seed: the trained
 variants (TRAINED) have chains of their own per seed; the base generator's and the untrained chain's are the same
-for every seed (they train nothing), so only the first seed's are read."""
+for every seed (they train nothing), so only the first seed's are read. Variants: base_greedy and base (the base
+generator alone), untrained (the base model in every role), sft (after SFT), dpo and dpo_local (MALT, global and
+local pooling), dpo_generator (MALT's trained generator alone: the first answers of the dpo chains, generator_alone)
+and single (the single-agent control's generator alone, papers.malt.control)."""
 import numpy as np
 import pandas as pd
 
-from replication.core import config, phases, stats
+from replication.core import config, fmt, phases, stats
 from replication.lm import arms, tasks
 from .malt import ROLES, majority_vote, rewards, run_chains, value_iteration
 
-TRAINED = ("sft", "dpo", "dpo_local")
+TRAINED = ("sft", "dpo", "dpo_local", "dpo_generator", "single")
 ARM_VARIANTS = {"base generator": ("base", None), "untrained G-V-R": ("untrained", None), "after SFT": ("sft", "sft"),
-                "MALT (global pooling)": ("dpo", "dpo"), "MALT (local pooling)": ("dpo_local", "dpo")}
+                "MALT (global pooling)": ("dpo", "dpo"), "MALT (local pooling)": ("dpo_local", "dpo"),
+                "MALT's generator alone": ("dpo_generator", "dpo"), "single-agent control": ("single", "dpo")}
 ARM_OF = {variant: arm for arm, (variant, _) in ARM_VARIANTS.items()}
 
 
@@ -37,6 +41,12 @@ def flips(rows) -> dict:
         key = f"{'right' if row['g_correct'] else 'wrong'}_to_{'right' if row['correct'] else 'wrong'}"
         out[key] += 1
     return out
+
+
+def generator_alone(rows) -> list:
+    """The chains' first answers as the final ones (a generator-only variant: v and r None): the trained generator
+    alone, paired with its own chain on the same samples."""
+    return [{**r, "v": None, "r": None, "correct": r["g_correct"], "final_answer": r["g_answer"]} for r in rows]
 
 
 def reply_stats(rows) -> dict:
@@ -78,21 +88,31 @@ def outcomes(rows, variant: str, vote: bool = False) -> np.ndarray:
     return np.array([per_question(x, vote) for x in seed_chains(rows, variant)])
 
 
+def rate_interval(hits, n_boot: int = 2000, seed: int = 0) -> dict:
+    """The mean of a seeds x questions 0/1 array with its 95% interval: Wilson's (stats.proportion_ci) for one run,
+    the two-level bootstrap (seeds, then questions) over several seeds; and each seed's mean."""
+    hits = np.asarray(hits, float)
+    p, lo, hi = (stats.proportion_ci(int(hits.sum()), hits.size) if len(hits) == 1
+                 else stats.two_level_bootstrap(hits, n_boot=n_boot, seed=seed))
+    return {"rate": p, "ci95": [lo, hi], "per_seed": [float(x) for x in hits.mean(1)]}
+
+
 def accuracy_summary(rows, votes: int, n_boot: int = 2000, seed: int = 0) -> dict:
     """Held-out accuracy of each variant, single chain or vote, over seeds x questions: mean, 95% interval, n (the
-    questions), the number of seeds and each seed's accuracy. The interval is Wilson's (stats.proportion_ci) for one
-    run, and for a trained variant over several seeds the two-level bootstrap (seeds, then questions)."""
+    questions), the number of seeds and each seed's accuracy (rate_interval: Wilson for one run, the two-level
+    bootstrap for a trained variant over several seeds)."""
     spec = {"base generator (greedy)": ("base_greedy", False), "base generator": ("base", False),
             f"base generator, vote of {votes}": ("base", True), "untrained G-V-R": ("untrained", False),
             "after SFT": ("sft", False), "after SFT + DPO (MALT)": ("dpo", False), f"MALT, vote of {votes}": ("dpo", True),
-            "MALT, local pooling": ("dpo_local", False)}
+            "MALT, local pooling": ("dpo_local", False), "MALT's generator alone": ("dpo_generator", False),
+            f"MALT's generator alone, vote of {votes}": ("dpo_generator", True),
+            "single-agent control": ("single", False), f"single-agent control, vote of {votes}": ("single", True)}
     out = {}
     for label, (variant, vote) in spec.items():
         hits = outcomes(rows, variant, vote)
-        p, lo, hi = (stats.proportion_ci(int(hits.sum()), hits.size) if len(hits) == 1
-                     else stats.two_level_bootstrap(hits, n_boot=n_boot, seed=seed))
-        out[label] = {"acc": p, "ci95": [lo, hi], "n": hits.shape[1], "seeds": len(hits),
-                      "per_seed": [float(x) for x in hits.mean(1)], "trained": variant in TRAINED}
+        r = rate_interval(hits, n_boot, seed)
+        out[label] = {"acc": r["rate"], "ci95": r["ci95"], "n": hits.shape[1], "seeds": len(hits),
+                      "per_seed": r["per_seed"], "trained": variant in TRAINED}
     return out
 
 
@@ -119,7 +139,13 @@ def paired_differences(rows, votes: int, records: dict, n_boot: int = 2000, seed
                    "MALT vs untrained G-V-R (single)": (("dpo", False), ("untrained", False)),
                    "SFT + DPO vs SFT (single)": (("dpo", False), ("sft", False)),
                    "global vs local pooling (single)": (("dpo", False), ("dpo_local", False)),
-                   "untrained G-V-R vs base generator (single)": (("untrained", False), ("base", False))}
+                   "untrained G-V-R vs base generator (single)": (("untrained", False), ("base", False)),
+                   "MALT vs single-agent control (single)": (("dpo", False), ("single", False)),
+                   f"MALT vote vs single-agent control vote ({votes})": (("dpo", True), ("single", True)),
+                   "MALT's generator alone vs single-agent control (single)": (("dpo_generator", False), ("single", False)),
+                   "MALT vs its generator alone (single)": (("dpo", False), ("dpo_generator", False)),
+                   "MALT's generator alone vs base generator (single)": (("dpo_generator", False), ("base", False)),
+                   "single-agent control vs base generator (single)": (("single", False), ("base", False))}
     table = lambda hits: pd.DataFrame({"qid": np.arange(len(hits)), "correct": hits})
     out = {}
     for name, (a, b) in comparisons.items():
@@ -158,32 +184,34 @@ def flip_table(rows, variants, n_boot: int = 2000, seed: int = 0) -> dict:
 
 
 def health(rows, base_rows, logs: dict, stage: str, tok) -> dict:
-    """arms.health of a trained MALT arm. Its training signal: the fall of any role's validation loss below its value
-    before the stage, at the epoch kept (dpo.train_sft / train_dpo keep epoch 0 when it does not fall); its
+    """arms.health of a trained MALT arm (logs: role -> {"sft": rows, "dpo": rows} of the roles it counts). Its
+    training signal: the fall of any of those roles' validation loss below its value before the stage, at the epoch
+    kept (dpo.train_sft / train_dpo keep epoch 0 when it does not fall); its
     single-chain held-out accuracy against the base generator's; its final replies' length in tokens."""
     config.check_choice("stage", stage, ("sft", "dpo"))
-    curves = {r: logs[r][stage][-1].get("val_curve") or [] for r in ROLES if logs[r][stage]}
+    curves = {r: by[stage][-1].get("val_curve") or [] for r, by in logs.items() if by[stage]}
     final = lambda rs: [r["g"] if r["r"] is None else r["r"] for r in rs]  # noqa: E731
     return arms.health(arms.loss_fall(curves), per_question(rows), per_question(base_rows),
                        arms.token_lengths(tok, final(rows)), arms.token_lengths(tok, final(base_rows)))
 
 
-def arm_records(rows: dict, trained: dict, sets: dict, tok) -> list:
-    """arms.record of each arm of ARM_VARIANTS (single-chain held-out outcomes) with its health check.
-    trained: variant -> (logs of the arm's stages, its pooling); sets: pooling -> (role -> SFT examples, role ->
-    pairs). Steps are the optimizer steps of all roles and stages up to the arm's; samples, the SFT examples and
-    DPO pairs they trained on. The base generator and the untrained chain train nothing."""
+def arm_records(rows: dict, trained: dict, tok) -> list:
+    """arms.record of each arm of ARM_VARIANTS (single-chain held-out outcomes) with its health check. trained:
+    variant -> (logs of the arm's stages, its (role -> SFT examples, role -> pairs), the roles it counts, its
+    labels: 'global' / 'local' pooling or the control's 'own answer'). Steps are the optimizer steps of the counted
+    roles in the stages up to the arm's; samples, the SFT examples and DPO pairs they trained on (MALT: all three
+    roles; MALT's generator alone and the single-agent control: the generator's, the same number). The base
+    generator and the untrained chain train nothing."""
     out = []
     for arm, (variant, stage) in ARM_VARIANTS.items():
         if stage is None:
             out.append(arms.record(arm, per_question(rows[variant])))
             continue
-        logs, pooling = trained[variant]
+        logs, (sft, pairs), roles, labels = trained[variant]
         stages = ("sft",) if stage == "sft" else ("sft", "dpo")
-        sft, pairs = sets[pooling]
-        out.append(arms.record(arm, per_question(rows[variant]), sum(len(logs[r][s]) for r in ROLES for s in stages),
-                               sum(len(sft[r]) for r in ROLES) + (sum(len(pairs[r]) for r in ROLES) if stage == "dpo" else 0),
-                               health(rows[variant], rows["base"], logs, stage, tok), pooling=pooling))
+        out.append(arms.record(arm, per_question(rows[variant]), sum(len(logs[r][s]) for r in roles for s in stages),
+                               sum(len(sft[r]) for r in roles) + (sum(len(pairs[r]) for r in roles) if stage == "dpo" else 0),
+                               health(rows[variant], rows["base"], {r: logs[r] for r in roles}, stage, tok), labels=labels))
     return out
 
 
@@ -193,6 +221,30 @@ def comparison_basis(diff: dict, names: list, records) -> dict:
     arms reported beside the verdict. records: arm -> record or per-seed list (records_by_arm), or one seed's list."""
     recs = records if isinstance(records, dict) else {r["arm"]: r for r in records}
     return arms.basis(diff["ci95"], recs, names, estimate=diff.get("diff"), seed_differences=diff.get("per_seed"))
+
+
+def side(ci) -> str:
+    """Where a 95% interval lies: 'above zero', 'below zero' or 'holds zero'."""
+    return "above zero" if ci[0] > 0 else "below zero" if ci[1] < 0 else "holds zero"
+
+
+def gain_sources(diffs: dict, known: dict, flip: dict) -> list:
+    """Where MALT's held-out gain comes from, one measured line each: from paired_differences (single chain, by seed
+    and question) the trained generator alone over the base generator, the full chain over its own generator, MALT
+    and its generator over the single-agent control; from known_answers.summary's 'dpo' the trained verifier and
+    refiner on known-wrong and known-right first answers; from flip_table's 'dpo' their changes to the generator's
+    own first answers."""
+    d = {k: f"{fmt.diff((v['diff'], *v['ci95']))} ({side(v['ci95'])})" for k, v in diffs.items()}
+    rate = lambda r: f"{r['rate']:.2f} {fmt.ci(r['ci95'])}"  # noqa: E731
+    mine, control = "MALT's generator alone vs base generator (single)", "MALT's generator alone vs single-agent control (single)"
+    return [f"trained generator alone - base generator: {d[mine]}",
+            f"full chain - its own generator alone (what the trained verifier and refiner add): {d['MALT vs its generator alone (single)']}",
+            f"full chain - single-agent control at the generator's budget: {d['MALT vs single-agent control (single)']}",
+            f"MALT's generator alone - the control's generator: {d[control]}",
+            f"known-wrong first answers fixed {rate(known['fixed_rate'])}, known-right ones broken {rate(known['broken_rate'])}, "
+            f"fix - break {fmt.diff((known['net'], *known['ci95']))} ({side(known['ci95'])})",
+            f"the generator's own first answers: {flip['wrong_to_right']} wrong -> right and {flip['right_to_wrong']} right -> "
+            f"wrong of {flip['chains']} chains"]
 
 
 # ---- figures ---------------------------------------------------------------------------------------------
@@ -216,9 +268,10 @@ def plot_accuracy(summary: dict, ax, colors):
 
 def plot_losses(trained: dict, axes, dpo_beta: float, reference: str):
     """SFT (axes[0]) and DPO (axes[1]) loss per step of every role: one thin line per training seed, global pooling
-    solid and local dashed. trained: training seed -> pooling -> malt.train_arm's result."""
+    solid, local dashed, the single-agent control's generator dotted. trained: training seed -> arm ('global',
+    'local', 'single') -> malt_training.train_arm's result."""
     for n, by_pooling in enumerate(trained.values()):
-        for pooling, ls in zip(by_pooling, ("-", "--")):
+        for pooling, ls in zip(by_pooling, ("-", "--", ":")):
             for i, role in enumerate(ROLES):
                 for ax, stage in zip(axes, ("sft", "dpo")):
                     rows = by_pooling[pooling]["logs"][role][stage]
