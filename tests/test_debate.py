@@ -7,7 +7,7 @@ from scipy.optimize import minimize
 
 from replication.core import config, fmt, stats, verdicts
 from replication.lm import arms, elo
-from replication.papers.debate import debate, debate_eval, debate_sim as ds
+from replication.papers.debate import debate, debate_eval, debate_sim as ds, stories
 
 STORY = "Before the storm, Ines hid the brass key in the \u201cblue lantern\u201d. Tomas searched the cargo-bay all night!"
 
@@ -106,8 +106,8 @@ def _judged(rng, n_draws, n=30):
         per = 2 if k == "consultancy" else 1
         j[k] = [_judgment(rng.uniform(low, 1, n * per)) for _ in range(n_draws)]
         j[f"{k} (best-of-1)"] = [_judgment(rng.uniform(low, 1, n * per)) for _ in range(n_draws)]
-    outs = {k: [{"arguments": [{"words": 3}]} for _ in range(n_draws)] for k in ("debate", "consultancy")}
-    return j, debate_eval.protocol_records(j, outs, 4, list(range(n_draws)))
+    words = {k: [[3] for _ in range(n_draws)] for k in j if k not in ("naive", "expert")}
+    return j, debate_eval.protocol_records(j, words, 4, list(range(n_draws)))
 
 
 def test_protocol_differences_pair_draws_and_questions():
@@ -138,7 +138,7 @@ def test_protocol_differences_pair_draws_and_questions():
 
 def test_failed_arm_check_is_named_beside_the_measured_difference():
     j, records = _judged(np.random.default_rng(0), 2)
-    records["debate"][1] = debate_eval.arm_record("debate-best-of-4", j["debate"][1]["p_correct"], 1, [{"words": 0}], draw=1)
+    records["debate"][1] = debate_eval.arm_record("debate-best-of-4", j["debate"][1]["p_correct"], 1, [0], draw=1)
     d = debate_eval.protocol_differences(j, records, seed=1)
     assert d["debate - naive"]["basis"]["health"] == "failed health check: debate draw 1 (arguments_written)"
     assert d["debate - naive"]["basis"]["interval"] == pytest.approx(d["debate - naive"]["ci95"])
@@ -181,7 +181,7 @@ def test_paper_effect_is_the_llm_judges_debate_minus_naive():
 
 def test_draws_keep_the_first_draws_cache_key():
     """Draw i argues with sampling seed seed + i: the first draw's cache key is the one-draw notebook's."""
-    items = debate.make_stories(2, seed=0)
+    items = stories.make_stories(2, seed=0)
     kw = dict(model_name="m", rounds=1, word_limit=5, best_of=2, temperature=0.7, batch_size=2)
     keys = [debate.cached_protocol(lambda name, key, make: key, None, None, items, "debate", seed=s, **kw)
             for s in arms.training_seeds(0, 3)]
@@ -202,7 +202,7 @@ def test_cached_protocol_goes_through_the_cache(monkeypatch):
         return store[(name, str(key))]
 
     monkeypatch.setattr(debate, "run_protocol", fake_run)
-    items = debate.make_stories(2, seed=0)
+    items = stories.make_stories(2, seed=0)
     kw = dict(model_name="m", rounds=1, word_limit=5, best_of=2, temperature=0.7, seed=0, batch_size=2)
     a = debate.cached_protocol(cache, None, None, items, "debate", **kw)
     b = debate.cached_protocol(cache, None, None, items, "debate", **kw)
@@ -225,8 +225,8 @@ def _bare(answer):
 
 @pytest.mark.parametrize("level, words", [("absent", (35, 70)), ("present", (80, 150))])
 def test_stories_are_reproducible_and_stored(level, words):
-    a = debate.make_stories(40, seed=3, level=level)
-    assert a == debate.make_stories(40, seed=3, level=level) and a != debate.make_stories(40, seed=4, level=level)
+    a = stories.make_stories(40, seed=3, level=level)
+    assert a == stories.make_stories(40, seed=3, level=level) and a != stories.make_stories(40, seed=4, level=level)
     for s in a:
         assert words[0] <= len(s["story"].split()) <= words[1] and s["correct"] != s["distractor"]
         assert _bare(s["correct"]) in s["story"]
@@ -234,15 +234,15 @@ def test_stories_are_reproducible_and_stored(level, words):
         # "absent": reading the story settles the question
         assert (re.search(rf"\b{_bare(s['distractor'])}\b", s["story"]) is not None) == (level == "present")
     assert len({s["question"].split()[0] for s in a}) >= 3, "several kinds of question"
-    stored = debate.files.read_json(debate.STORIES_FILE)
+    stored = stories.files.read_json(stories.STORIES_FILE)
     assert stored["level"] == "absent" and stored["n"] >= 300, "the notebook's default questions are stored"
-    assert debate.load_stories(10) == debate.make_stories(10, seed=0, level="absent")
-    assert debate.load_stories(10, level="present") == debate.make_stories(10, seed=0, level="present")
+    assert stories.load_stories(10) == stories.make_stories(10, seed=0, level="absent")
+    assert stories.load_stories(10, level="present") == stories.make_stories(10, seed=0, level="present")
 
 
 def test_protocols_on_tiny_model(tiny):
     model, tok = tiny
-    items = debate.make_stories(2, seed=0)
+    items = stories.make_stories(2, seed=0)
     out = debate.run_protocol(model, tok, items, "debate", rounds=2, word_limit=5, best_of=2, seed=0, batch_size=4)
     assert len(out["transcripts"]) == 2 and all(len(t) == 2 and len(t[0]) == 2 for t in out["transcripts"])
     assert all(a["words"] <= 5 and a["candidates"] == 2 for a in out["arguments"]) and len(out["arguments"]) == 8
@@ -255,11 +255,13 @@ def test_protocols_on_tiny_model(tiny):
     bon = debate.run_protocol(model, tok, items, "consultancy", rounds=2, word_limit=5, best_of=2, seed=0, batch_size=4)
     assert len(bon["arguments"]) == 8 and all(0 <= a["preference"] <= 1 for a in bon["arguments"])
     with pytest.raises(ValueError, match="one-round"):
-        debate.first_candidates(bon)
+        debate.best_of_k(bon, 1)
     one = debate.run_protocol(model, tok, items, "debate", rounds=1, word_limit=5, best_of=3, seed=0, batch_size=4)
-    first = debate.first_candidates(one)
+    first = debate.best_of_k(one, 1)
     assert [[[a["options"][0] for a in one["arguments"] if a["item"] == k]] for k in range(2)] == first
     assert all(len(a["options"]) == 3 and a["argument"] in a["options"] for a in one["arguments"])
+    assert debate.best_of_k(one, 3) == one["transcripts"], "best-of-N from the pool: the kept arguments"
+    assert all(len(a["scores"]) == 3 and np.shape(a["orders"]) == (3, 2) and len(a["words_each"]) == 3 for a in one["arguments"])
     j = debate.judge(model, tok, out["items"], "debate", out["transcripts"], batch_size=4)
     assert np.allclose(j["p_correct"], (j["p_correct_first"] + j["p_correct_second"]) / 2) and len(j["p_first"]) == 4
     for reading in debate.READINGS:
@@ -426,12 +428,15 @@ def test_elo_fit_recovers_known_ratings():
     i, j = map(np.array, zip(*itertools.combinations(range(6), 2)))
     r = ds.fit_elo(i, j, elo.expected_score(true[i], true[j]), 6)
     assert np.allclose(r - r.mean(), true - true.mean(), atol=1.0)
-    # with noisy win rates, Nelder-Mead reaches the same optimum as a gradient method
+    # with noisy win rates, the least-squares fit reaches the optimum of the authors' Nelder-Mead and of a gradient
+    # method on the same squared error
     rng = np.random.default_rng(0)
     w = np.clip(elo.expected_score(true[i], true[j]) + rng.normal(0, 0.05, len(i)), 0, 1)
     r = ds.fit_elo(i, j, w, 6)
-    ref = minimize(lambda x: np.sum((elo.expected_score(x[i], x[j]) - w) ** 2), np.full(6, 1500.0), method="BFGS").x
-    assert np.allclose(r - r.mean(), ref - ref.mean(), atol=2.0)
+    loss = lambda x: np.sum((elo.expected_score(x[i], x[j]) - w) ** 2)  # noqa: E731
+    for method, opts in (("BFGS", {}), ("Nelder-Mead", {"maxiter": 20000, "maxfev": 20000, "xatol": 1e-4, "fatol": 1e-14})):
+        ref = minimize(loss, np.full(6, 1500.0), method=method, options=opts).x
+        assert np.allclose(r - r.mean(), ref - ref.mean(), atol=2.0) and loss(r) <= loss(ref) + 1e-9, method
 
 
 def test_side_elo_recovers_correct_and_incorrect_ratings():

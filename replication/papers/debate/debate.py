@@ -1,6 +1,7 @@
-"""Debate, consultancy and judging with a real LM (Khan et al. 2024): stories, the quote tool, word limits,
-debaters and consultants (best-of-N: the judge's P(own answer) picks), and a judge read from letter probabilities
-or answer likelihoods in both orders. Accuracy lives in debate_eval, tournaments and Elo in debate_sim."""
+"""Debate, consultancy and judging with a real LM (Khan et al. 2024): the quote tool, word limits, debaters and
+consultants (best-of-N: the judge's P(own answer) picks), and a judge read from letter probabilities or answer
+likelihoods in both orders. The stories live in stories, accuracy in debate_eval, the real cross-play tournament
+in crossplay, Swiss pairing, Elo fits and the simulation in debate_sim."""
 import hashlib
 import json
 import re
@@ -9,91 +10,12 @@ import time
 
 import numpy as np
 
-from replication.core import config, files, phases, stats
+from replication.core import config, phases, stats
 from replication.lm import judges, models, training
-from .params import LEVELS, READINGS
+from .params import READINGS
 
-STORIES_FILE = config.ROOT / "data" / "generated" / "debate_stories.json"
-NAMES = ["Ines", "Tomas", "Priya", "Okafor", "Lena", "Rafael", "Mei", "Soren", "Adaeze", "Kofi", "Yara", "Bruno"]
-PLACES = ["the blue lantern", "the cargo bay", "the greenhouse", "the captain's locker", "the broken radio",
-          "the engine room", "the supply crate", "the observation dome", "the medical cabinet", "the old shuttle"]
-OBJECTS = ["brass key", "star map", "fuel cell", "data crystal", "silver compass", "seed packet"]
-MACHINES = ["water pump", "air filter", "heater", "long-range antenna", "airlock door"]
-SHIPS = ["Vela", "Halcyon", "Meridian", "Kestrel", "Tamsin", "Orrery"]
-MOONS = ["a cold moon", "a red dwarf", "the ice world Brin", "a silent gas giant"]
-FILLER = ["The hull creaked in the cold.", "Nobody had slept well for a week.", "Outside, the dust glittered.",
-          "The coffee had run out long ago.", "A warning light blinked and went dark."]
 # the opponent's turn while a candidate is rated (dummy_answer in ucl-dark/llm_debate core/agents/judge_quality.py)
 PLACEHOLDER = "My answer is the best choice and my opponent is wrong."
-
-
-
-def make_story(rng, level: str = "absent") -> dict:
-    """One story with a question, its correct answer and a distractor of the same kind. level "absent": about 50
-    words of plain facts, the distractor nowhere in the story (reading it settles the question); "present":
-    about 115 words, the distractor also in the story in a misleading role (a crew member who searched the
-    wrong place, the storm length the radio promised)."""
-    config.check_choice("level", level, LEVELS)
-    a, b, c = map(str, rng.choice(NAMES, 3, replace=False))
-    p1, p2 = map(str, rng.choice(PLACES, 2, replace=False))
-    o1, o2 = map(str, rng.choice(OBJECTS, 2, replace=False))
-    machine, ship, moon = str(rng.choice(MACHINES)), str(rng.choice(SHIPS)), str(rng.choice(MOONS))
-    d1, d2 = map(int, rng.choice(np.arange(2, 10), 2, replace=False))
-    f1, f2 = map(str, rng.choice(FILLER, 2, replace=False))
-    if level == "absent":
-        x = str(rng.choice([n for n in NAMES if n not in (a, b, c)]))
-        p3 = str(rng.choice([p for p in PLACES if p not in (p1, p2)]))
-        o3 = str(rng.choice([o for o in OBJECTS if o not in (o1, o2)]))
-        lines = [f"The {ship} was stuck in a storm with a crew of three: {a}, {b} and {c}.",
-                 f"The storm lasted {d1} days.", f"{a} hid the {o1} in {p1}.", f"{b} kept the {o2} in {p2}.",
-                 f"{c} repaired the {machine}.", f1]
-        questions = [(f"Where did {a} hide the {o1}?", f"in {p1}", f"in {p3}"),
-                     (f"Who repaired the {machine}?", c, x),
-                     (f"What did {a} hide in {p1}?", f"the {o1}", f"the {o3}"),
-                     ("How many days did the storm last?", f"{d1} days", f"{d2} days"),
-                     (f"Who hid the {o1}?", a, x)]
-    else:
-        lines = [f"The {ship} drifted above {moon} with a crew of three: {a}, {b} and {c}.",
-                 f"The radio had promised a storm of {d2} days, but it lasted {d1} days.",
-                 f"Before the storm, {a} hid the {o1} in {p1} and told no one.",
-                 f"{b} was sure the {o1} was in {p2} and searched there all night, finding only dust.",
-                 f"{b} kept the {o2} close the whole time.",
-                 f"Later, {c} repaired the {machine} while {b} only held the lamp.",
-                 f1,
-                 f"When the storm ended, {a} opened {p1}, took out the {o1} and gave it to {c}.",
-                 f2]
-        questions = [(f"Where did {a} hide the {o1}?", f"in {p1}", f"in {p2}"),
-                     (f"Who repaired the {machine}?", c, b),
-                     (f"What did {a} hide in {p1}?", f"the {o1}", f"the {o2}"),
-                     ("How many days did the storm last?", f"{d1} days", f"{d2} days"),
-                     (f"Who hid the {o1}?", a, b)]
-    q, correct, distractor = questions[rng.integers(len(questions))]
-    return {"story": " ".join(lines), "question": q, "correct": correct, "distractor": distractor}
-
-
-def make_stories(n: int, seed: int = 0, level: str = "absent") -> list:
-    """n stories from one seed; each gets an id."""
-    config.check_int("n", n)
-    rng = np.random.default_rng(seed)
-    return [{"id": f"{level[0]}{seed}-{k:04d}", **make_story(rng, level)} for k in range(n)]
-
-
-def save_stories(n: int = 300, seed: int = 0, level: str = "absent", path=STORIES_FILE):
-    """Write the stored dataset (with its seed, level and generator) to data/generated/."""
-    return files.write_json(path, {"generator": "replication.papers.debate.debate.make_stories", "seed": seed, "level": level,
-                                   "n": n, "stories": make_stories(n, seed, level)})
-
-
-def load_stories(n: int, seed: int = 0, level: str = "absent", path=STORIES_FILE) -> list:
-    """The first n stories: the stored ones, checked against the generator (raises if they differ), or freshly
-    generated for another seed or level or a larger n."""
-    stored = files.read_json(path)
-    if seed != stored["seed"] or level != stored.get("level") or n > stored["n"]:
-        return make_stories(n, seed, level)
-    items = stored["stories"][:n]
-    if items != make_stories(n, seed, level):
-        raise ValueError(f"{path} no longer matches make_stories(seed={seed}); regenerate it with save_stories()")
-    return items
 
 
 # --- the quote tool and word limits -------------------------------------------------------------------------
@@ -261,14 +183,14 @@ def generation_seed(seed: int, round_: int) -> int:
 @phases.timed("generation for evaluation")
 def argue(model, tok, prompts, word_limit: int, best_of: int, temperature: float, seed: int, batch_size: int,
           open_quote: bool = True):
-    """best_of candidate arguments per prompt, word-limited: a list (per prompt) of lists of strings. With
-    open_quote, every reply starts with "<quote>" (written into the assistant's turn), so each argument opens
-    with a quote the tool can check."""
+    """best_of candidate arguments per prompt (independent samples from one prefill of the prompt: generate's
+    repeats), word-limited: a list (per prompt) of lists of strings. With open_quote, every reply starts with
+    "<quote>" (written into the assistant's turn), so each argument opens with a quote the tool can check."""
     config.check_int("best_of", best_of)
     prefix = "<quote>" if open_quote else ""
-    texts = [t + prefix for t in models.chat_prompts(tok, prompts) for _ in range(best_of)]
+    texts = [t + prefix for t in models.chat_prompts(tok, prompts)]
     gen = models.generate(model, tok, texts, max_new_tokens=int(word_limit * 1.4) + 4, temperature=temperature,
-                          seed=seed, batch_size=batch_size, chat=False)
+                          seed=seed, batch_size=batch_size, chat=False, repeats=best_of)
     texts = [limit_words(prefix + t, word_limit) for t in gen.texts]
     return [texts[k * best_of:(k + 1) * best_of] for k in range(len(prompts))], gen.num_tokens
 
@@ -299,8 +221,9 @@ def run_protocol(model, tok, items, kind: str, rounds: int = 3, word_limit: int 
     each turn keeps the candidate with the highest preference_scores (the judge's P(its own answer), read
     as `reading`, both orders). Returns
     the transcripts (each round: [correct side, distractor side] for debate, [consultant] per consultancy item),
-    the consultancy items (with 'side'), raw and verified arguments with quote counts and the kept candidate's
-    preference score, and tokens generated."""
+    the consultancy items (with 'side'), raw and verified arguments with quote counts, every candidate (`options`)
+    with its preference score (`scores`) and the judge's P(correct) in each order (`orders`), the kept
+    candidate's score, and tokens generated."""
     config.check_choice("kind", kind, ("debate", "consultancy"))
     config.check_int("rounds", rounds)
     config.check_int("word_limit", word_limit)
@@ -325,36 +248,50 @@ def run_protocol(model, tok, items, kind: str, rounds: int = 3, word_limit: int 
         new = [[None] * len(sides) for _ in items]
         checked = [[verify_quotes(c, items[k]["story"]) for c in options] for (k, s), options in zip(jobs, cands)]
         scores = np.full((len(jobs), best_of), np.nan)
+        orders = np.full((len(jobs), best_of, 2), np.nan)
         if best_of > 1:  # each candidate rated by the judge's P(its own answer), both orders averaged
             owns = [own_answer(items[k], kind, s) for k, s in jobs]
             trs = [t for (k, s), own, ch in zip(jobs, owns, checked)
                    for t in preference_transcripts(kind, own, turns[k], [c[0] for c in ch])]
-            p = judge(model, tok, [items[k] for k, s in jobs for _ in range(best_of)], kind, trs, batch_size,
-                      reading)["p_correct"]
-            scores = preference_scores(p, np.repeat(owns, best_of)).reshape(len(jobs), best_of)
-        for (k, s), options, ch, row in zip(jobs, cands, checked, scores):
+            j = judge(model, tok, [items[k] for k, s in jobs for _ in range(best_of)], kind, trs, batch_size, reading)
+            scores = preference_scores(j["p_correct"], np.repeat(owns, best_of)).reshape(len(jobs), best_of)
+            orders = np.stack([j["p_correct_first"], j["p_correct_second"]], 1).reshape(len(jobs), best_of, 2)
+        for (k, s), options, ch, row, order in zip(jobs, cands, checked, scores, orders):
             pick = int(np.argmax(row)) if best_of > 1 else 0
             text, nq, nv = ch[pick]
             new[k][s] = text
             log.append({"item": k, "id": items[k]["id"], "round": r, "side": s if kind == "debate" else items[k]["side"],
                         "raw": options[pick], "argument": text, "words": len(options[pick].split()),
                         "quotes": nq, "verified": nv, "candidates": len(options), "options": [c[0] for c in ch],
-                        "preference": float(row[pick]) if best_of > 1 else None})
+                        "words_each": [len(o.split()) for o in options],
+                        "preference": float(row[pick]) if best_of > 1 else None,
+                        "scores": [float(x) for x in row] if best_of > 1 else None,
+                        "orders": order.tolist() if best_of > 1 else None})
         for k in range(len(items)):
             turns[k].append(new[k])
     return {"items": items, "transcripts": turns, "arguments": log, "tokens": tokens}
 
 
-def first_candidates(out: dict) -> list:
-    """The transcripts of a one-round best-of-N run_protocol output with every turn's first candidate kept: a
-    best-of-1 sample of the same turns (the candidates of a turn are independent draws), judged at no extra
-    generation. Later rounds would depend on the kept arguments, so only one round is allowed."""
+def pick(argument: dict, k: int) -> int:
+    """Which candidate of one turn (a run_protocol argument) a best-of-k arguer keeps, k <= the turn's candidates:
+    the first when k is 1, else the highest preference score among the first k (the first of equals, as
+    run_protocol keeps). The candidates are independent draws, so the first k are a best-of-k turn's sample."""
+    config.check_int("k", k)
+    if k > argument["candidates"]:
+        raise ValueError(f"k={k} is not allowed: the turn has {argument['candidates']} candidates")
+    return 0 if k == 1 else int(np.argmax(argument["scores"][:k]))
+
+
+def best_of_k(out: dict, k: int) -> list:
+    """The transcripts of a one-round best-of-N run_protocol output with every turn's best-of-k pick (pick): a
+    best-of-k arguer of the same turns, at no extra generation (k = N: the kept transcripts, k = 1: the first
+    candidates). Later rounds would depend on the kept arguments, so only one round is allowed."""
     rounds = {a["round"] for a in out["arguments"]}
     if rounds != {1}:
-        raise ValueError(f"rounds={sorted(rounds)}: first_candidates needs a one-round run (later rounds see the kept arguments)")
+        raise ValueError(f"rounds={sorted(rounds)}: best_of_k needs a one-round run (later rounds see the kept arguments)")
     turns = [[None] * len(t[0]) for t in out["transcripts"]]
     for a in out["arguments"]:
-        turns[a["item"]][a["side"] if isinstance(a["side"], int) else 0] = a["options"][0]  # debate side; one consultant
+        turns[a["item"]][a["side"] if isinstance(a["side"], int) else 0] = a["options"][pick(a, k)]  # debate side; one consultant
     return [[t] for t in turns]
 
 
@@ -366,7 +303,8 @@ def cached_protocol(cache, model, tok, items, kind: str, *, model_name: str, rou
     holds the seconds it took to make."""
     digest = hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
     key = {"kind": kind, "ids": [it["id"] for it in items], "stories": digest, "rounds": rounds, "word_limit": word_limit,
-           "best_of": best_of, "temperature": temperature, "seed": seed, "model": model_name, "open_quote": open_quote}
+           "best_of": best_of, "temperature": temperature, "seed": seed, "model": model_name, "open_quote": open_quote,
+           "candidates": "generate(repeats=best_of): one prefill per prompt; every candidate's score and orders kept"}
     if best_of > 1:  # how candidates are rated (best-of-1 transcripts do not depend on it)
         key["preference"] = {"score": "P(own answer), mean of both orders", "placeholder": PLACEHOLDER,
                              "reading": reading, "lead": LEAD, "context": ANSWER_CONTEXT if reading == "likelihood" else None}

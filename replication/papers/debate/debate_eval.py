@@ -13,7 +13,7 @@ import pandas as pd
 
 from replication.core import config, fmt, paper, stats
 from replication.lm import arms
-from .debate import READINGS, first_candidates, judge
+from .debate import READINGS, judge
 
 # the paired comparisons of the notebook: name -> (protocol a, protocol b), a minus b on the same questions
 PAIRS = {"debate - naive": ("debate", "naive"), "debate - consultancy": ("debate", "consultancy"),
@@ -90,15 +90,6 @@ def protocol_accuracy(judged, seed: int = 0) -> dict:
         p, lo, hi = stats.two_level_bootstrap(h, seed=seed)
         out.update(accuracy=p, ci95=[lo, hi], mean_p_correct=float(np.mean([j["p_correct"] for j in judged])))
     return out
-
-
-def judge_draws(model, tok, outs: list, kind: str, best_of: int, batch_size: int, reading: str) -> tuple:
-    """The judge's verdicts on each draw's transcripts (run_protocol outputs, one per draw): with the kept
-    (best-of-N) arguments, and with each turn's first candidate (best-of-1; the same verdicts when best_of is 1)."""
-    kept = [judge(model, tok, o["items"], kind, o["transcripts"], batch_size, reading) for o in outs]
-    first = [judge(model, tok, o["items"], kind, first_candidates(o), batch_size, reading) if best_of > 1 else j
-             for o, j in zip(outs, kept)]
-    return kept, first
 
 
 def scores_frame(judged: dict, per: int = 1) -> pd.DataFrame:
@@ -192,29 +183,30 @@ def expert_check(model, tok, stories: dict, readings=READINGS, seed: int = 0, ba
     return pd.DataFrame(rows).set_index(["level", "reading"]), out
 
 
-def arm_record(arm: str, p_correct, per_question: int = 1, arguments=None, draw: int = None) -> dict:
+def arm_record(arm: str, p_correct, per_question: int = 1, words=None, draw: int = None) -> dict:
     """One judged protocol as an arm of the metrics' "arms" list, with the keys of every arm record
     (arms.RECORD_KEYS): no training (steps and samples 0), n_heldout questions, accuracy over judgments with its
     Wilson interval, and healthy = every judgment a probability in (0, 1) and, for an argued protocol, every
-    argument non-empty (failed_checks names which failed); `draw`: the arguments' sampling seed, when argued."""
+    argument non-empty (`words`: each argument's word count; failed_checks names which failed); `draw`: the
+    arguments' sampling seed, when argued."""
     p = np.asarray(p_correct, float)
     acc = accuracy(p)
     checks = {"judgments_valid": bool(np.all(np.isfinite(p)) and np.all((p > 0) & (p < 1))),
-              "arguments_written": arguments is None or all(a["words"] > 0 for a in arguments)}
+              "arguments_written": words is None or all(w > 0 for w in words)}
     return {"arm": arm, "steps": 0, "samples": 0, "n_heldout": len(p) // per_question, "accuracy": acc["accuracy"],
             "interval": acc["ci95"], "healthy": all(checks.values()), "failed_checks": [k for k, ok in checks.items() if not ok],
             **({} if draw is None else {"draw": draw})}
 
 
-def protocol_records(judgments: dict, outs: dict, best_of: int, draws: list) -> dict:
+def protocol_records(judgments: dict, words: dict, best_of: int, draws: list) -> dict:
     """protocol -> arm_record: naive and expert one record each; an argued protocol (its judgments a list, one per
-    draw) one record per draw, named with its best-of (outs: kind -> run_protocol outputs, one per draw)."""
+    draw) one record per draw, named with its best-of (words: protocol -> per draw the word counts of the
+    arguments its judge read)."""
     out = {}
     for k, v in judgments.items():
         if not isinstance(v, list):
             out[k] = arm_record(k, v["p_correct"])
             continue
-        kind = k.split(" ")[0]
-        name = f"{kind}-best-of-{1 if k.endswith('(best-of-1)') else best_of}"
-        out[k] = [arm_record(name, j["p_correct"], per_question(k), o["arguments"], draw=s) for j, o, s in zip(v, outs[kind], draws)]
+        name = f"{k.split(' ')[0]}-best-of-{1 if k.endswith('(best-of-1)') else best_of}"
+        out[k] = [arm_record(name, j["p_correct"], per_question(k), w, draw=s) for j, w, s in zip(v, words[k], draws)]
     return out

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import minimize
+from scipy.optimize import least_squares
 
 from replication.core import config, stats
 from replication.lm import elo
@@ -21,36 +21,39 @@ from replication.lm import elo
 START = 1500.0
 
 
-def _nelder_mead(loss, x0, restarts: int = 4):
-    """Nelder-Mead from x0, restarted from its own optimum until it stops improving."""
-    x, best = np.asarray(x0, float), np.inf
-    opts = {"maxiter": 400 * len(x0), "maxfev": 400 * len(x0), "xatol": 1e-3, "fatol": 1e-12, "adaptive": True}
-    for _ in range(restarts):
-        res = minimize(loss, x, method="Nelder-Mead", options=opts)
-        x = res.x
-        if best - res.fun < 1e-12:
-            break
-        best = res.fun
-    return x
+def _squared_error_fit(a, b, w, n: int) -> np.ndarray:
+    """Ratings r (n players) minimising sum_k (expected_score(r[a_k], r[b_k]) - w_k)^2, the authors' unweighted
+    squared error, from 1500 for every player; offset so that the mean rating is 1500. Solved by least squares
+    (trust-region, analytic Jacobian): the authors' Nelder-Mead reaches the same optimum (a test checks it) about
+    ten to a hundred times more slowly, too slowly for a bootstrap that refits the tournament thousands of times."""
+    a, b, w = np.asarray(a), np.asarray(b), np.asarray(w, float)
+    if not (len(a) == len(b) == len(w)) or len(w) == 0:
+        raise ValueError("the players and win rates must be non-empty and the same length")
+    rows, slope = np.arange(len(w)), math.log(10) / 400
+
+    def jacobian(r):
+        e = elo.expected_score(r[a], r[b])
+        J = np.zeros((len(w), n))
+        np.add.at(J, (rows, a), slope * e * (1 - e))
+        np.add.at(J, (rows, b), -slope * e * (1 - e))
+        return J
+
+    r = least_squares(lambda r: elo.expected_score(r[a], r[b]) - w, np.full(n, START), jac=jacobian, method="trf",
+                      xtol=1e-10, ftol=1e-12, gtol=1e-12).x
+    return r - r.mean() + START
 
 
 def fit_elo(i, j, win_rate, n: int):
     """Aggregate Elo as the authors fit it: minimise sum (expected_score(r_i, r_j) - w_ij)^2 (replication.lm.elo)
-    by Nelder-Mead from 1500 for every player; the free offset is then set so the mean rating is 1500."""
-    i, j, w = np.asarray(i), np.asarray(j), np.asarray(win_rate, float)
-    if not (len(i) == len(j) == len(w)) or len(w) == 0:
-        raise ValueError("i, j and win_rate must be non-empty and the same length")
-    r = _nelder_mead(lambda r: np.sum((elo.expected_score(r[i], r[j]) - w) ** 2), np.full(n, START))
-    return r - r.mean() + START
+    from 1500 for every player; the free offset is then set so the mean rating is 1500."""
+    return _squared_error_fit(i, j, win_rate, n)
 
 
 def fit_elo_sides(correct, incorrect, win_rate_correct, n: int):
     """Correct- and incorrect-side Elo: w = expected_score(E^C[correct], E^I[incorrect]) for each match in which
     `correct` argued the right answer and won a share `win_rate_correct` of judgments. Returns (E^C, E^I),
     offset so that the mean of all 2n ratings is 1500."""
-    c, k, w = np.asarray(correct), np.asarray(incorrect), np.asarray(win_rate_correct, float)
-    r = _nelder_mead(lambda r: np.sum((elo.expected_score(r[c], r[n + k]) - w) ** 2), np.full(2 * n, START))
-    r = r - r.mean() + START
+    r = _squared_error_fit(np.asarray(correct), n + np.asarray(incorrect), win_rate_correct, 2 * n)
     return r[:n], r[n:]
 
 

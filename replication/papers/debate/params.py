@@ -37,6 +37,9 @@ class Debate(Params):
     judge_noises: list = p(each={"low": 0.0, "high": 10.0})
 
     def check(self):
-        if self.best_of > 1 and self.rounds != 1:
-            raise ValueError(f"rounds={self.rounds} is not allowed with best_of={self.best_of}: the best-of-1 arm is "
-                             "read from the first candidates of a one-round run (debate.first_candidates)")
+        if self.rounds != 1:
+            raise ValueError(f"rounds={self.rounds} is not allowed: the debaters of the tournament are best-of-k picks "
+                             "from one pool of one-round arguments (later rounds would depend on the kept arguments)")
+        if self.best_of < 2 or self.best_of & (self.best_of - 1):
+            raise ValueError(f"best_of={self.best_of} is not allowed: the debaters are best-of-1, 2, 4, ... up to "
+                             "best_of, so it must be a power of two >= 2")
