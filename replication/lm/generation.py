@@ -114,20 +114,38 @@ def sample(model, tok, texts, max_new_tokens: int, temperature: float = 1.0, top
             ids, mask = torch.cat([head, ids[:, -1:]], 1), torch.cat([head_mask, mask[:, -1:]], 1)
             extra = {"past_key_values": cache}
         ids, mask = ids.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0)
-        if do_sample:
+        warp = warpers(model, cfg) if do_sample else None
+        if do_sample and warp is None:   # a processor that reads the ids so far: transformers' own loop
             completion = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg, **extra)[:, ids.shape[1]:]
         else:
-            completion = greedy(model, ids, mask, max_new_tokens, tok.eos_token_id, tok.pad_token_id, extra.get("past_key_values"))
+            completion = decode(model, ids, mask, max_new_tokens, tok.eos_token_id, tok.pad_token_id,
+                                extra.get("past_key_values"), warp)
     return ids, mask, completion, completion_mask(completion, tok.eos_token_id)
 
 
-def greedy(model, ids, mask, max_new_tokens: int, eos_id: int, pad_id: int, cache=None) -> torch.Tensor:
-    """generate()'s greedy completions (B, steps), pad after EOS, computed on the unfinished rows only: a row that
-    has emitted EOS leaves the batch (and its KV cache) at once, so a batch costs the sum of its reply lengths rather
-    than its longest reply times its rows. `cache` holds all but the last token of `ids` (sample's prefill), or None.
-    Each step mirrors generate(): positions from the attention mask, logits of the last position, argmax."""
-    rows = torch.arange(ids.shape[0], device=ids.device)
-    out = torch.full((ids.shape[0], max_new_tokens), pad_id, dtype=ids.dtype, device=ids.device)
+ROW_FREE = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper")
+
+
+def warpers(model, cfg):
+    """The logits processors generate() applies for a sampling config (its unset fields filled as generate() fills
+    them: from the model's generation config, then transformers' defaults, so an unset top_k is 50), or None when one
+    of them reads more than its row's scores (then `decode` cannot reproduce generate())."""
+    full, _ = model._prepare_generation_config(cfg)
+    procs = model._get_logits_processor(generation_config=full, device=device_of(model), model_kwargs={})
+    return procs if all(type(p).__name__ in ROW_FREE for p in procs) else None
+
+
+def decode(model, ids, mask, max_new_tokens: int, eos_id: int, pad_id: int, cache=None, warp=None) -> torch.Tensor:
+    """generate()'s completions (B, steps), pad after EOS, computed on the unfinished rows only: a row that has
+    emitted EOS leaves the batch (and its KV cache) at once, so a batch costs the sum of its reply lengths rather
+    than its longest reply times its rows. Greedy when `warp` is None; else sampled from warp's scores as generate()
+    samples, with the same draws: the scores of all B rows are kept (finished rows flat), because
+    torch.multinomial draws one exponential per row and vocabulary entry, so every row's draw depends on the batch's
+    shape, not on the other rows' values. `cache` holds all but the last token of `ids` (sample's prefill), or None.
+    Each step mirrors generate(): positions from the attention mask, the last position's logits in fp32."""
+    B = ids.shape[0]
+    rows = torch.arange(B, device=ids.device)
+    out = torch.full((B, max_new_tokens), pad_id, dtype=ids.dtype, device=ids.device)
     if cache is None:
         step, pos = ids, position_ids(mask).masked_fill(mask == 0, 1)
     else:
@@ -136,7 +154,13 @@ def greedy(model, ids, mask, max_new_tokens: int, eos_id: int, pad_id: int, cach
     for t in range(max_new_tokens):
         o = model(input_ids=step, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
                   logits_to_keep=1)
-        cache, nxt = o.past_key_values, o.logits[:, -1].float().argmax(-1)   # (active,)
+        cache, logits = o.past_key_values, o.logits[:, -1].float()       # (active, V)
+        if warp is None:
+            nxt = logits.argmax(-1)
+        else:
+            scores = logits.new_zeros((B, logits.shape[1]))
+            scores[rows] = logits
+            nxt = torch.multinomial(torch.softmax(warp(out[:, :t], scores), -1), num_samples=1).squeeze(1)[rows]
         out[rows, t], steps = nxt, t + 1
         done = nxt == eos_id
         if bool(done.all()):
