@@ -160,6 +160,8 @@ def test_reward_logs_its_side_data_per_completion(tiny):
     assert big == [pytest.approx(0.1)]   # r' = 1 removes everything but the format term
     verifier = rlpr.Reward(model, tok, kind="verifier", format_weight=0.0)
     assert verifier(["p", "p"], ["The answer is 7.", "The answer is seven."], meta) == [1.0, 0.0]
+    oracle = rlpr.Reward(model, tok, kind="oracle", format_weight=0.0)   # the lenient oracle: right in any form
+    assert oracle(["p"] * 3, ["The answer is 7.", "The answer is seven.", "The answer is 8."], meta + meta[:1]) == [1.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="baseline='initial'"):
         rlpr.Reward(model, tok, baseline="initial")
 
@@ -252,7 +254,7 @@ def test_auc_table_resamples_questions_and_differences_are_paired():
                            groups=R.qid, n_boot=200, seed=0)   # one draw: the question bootstrap, the same resamples
     assert (d["estimate"], *d["ci95"]) == pytest.approx(want) and d["n"] == "1 draw x 12 questions (48 replies)"
     assert reward_quality.claim_basis(d, "x") == {"interval": tuple(d["ci95"]), "estimate": d["estimate"],
-                                                  "seed_differences": [d["estimate"]]}
+                                                  "seed_differences": [d["estimate"]], "unit": "draw"}
     assert reward_quality.claim_basis({"ci95": [np.nan, np.nan]}, "one class") == {"not_tested": "one class"}
     assert set(reward_quality.auc_by_style(R).columns) == {"digits", "words"}
     spread = reward_quality.reward_spread(R)
@@ -292,11 +294,6 @@ def test_reward_quality_rows_rest_on_every_draw():
     assert left["draws"] == 1 and np.isnan(left["per_draw"][1]) and left["estimate"] == pytest.approx(per[0])
     assert left["n"] == "2 draws x 12 questions (96 replies; 1 without a value)"
     assert reward_quality.claim_basis(left, "x")["seed_differences"] == pytest.approx([per[0]])
-    multi = reward_quality.multi_token(R)
-    lr = reward_quality.log_ratio_difference(multi, 5.0, n_boot=100)
-    want = [np.mean(np.log(reward_quality.bump_ratios(m.probs, 5.0)).pipe(lambda c: c["sequence"] - c["mean"]))
-            for m in reward_quality.draws(multi)]
-    assert lr["per_draw"] == pytest.approx(want) and lr["ci95"][0] <= lr["estimate"] <= lr["ci95"][1]
 
 
 def test_sample_draws_caches_each_draw_under_its_own_seed(tiny):
@@ -326,6 +323,11 @@ def test_sensitivity_to_the_weakest_token():
     assert ratios["sequence"].tolist() == pytest.approx([5.0, 5.0]) and ratios["mean"][1] == pytest.approx(0.7 / 0.3)
     R = pd.DataFrame({"answered": [True, True, False], "probs": [[0.1], [0.1, 0.2], None]})
     assert len(reward_quality.multi_token(R)) == 1
+    # the weakest-token row is arithmetic: the product moves at least as much as the mean for any probabilities
+    rng = np.random.default_rng(0)
+    lists = [list(rng.random(rng.integers(2, 6)) ** 3) for _ in range(300)] + [[0.9, 0.95], [0.3, 0.3, 0.3]]
+    assert reward_quality.weakest_token_holds(lists, 5.0) and reward_quality.weakest_token_holds(lists, 1.5)
+    assert not reward_quality.weakest_token_holds([], 5.0) and reward_quality.weakest_token_holds([[0.0, 0.5], [0.2, 0.4]])
 
 
 def test_debiasing_effect_and_per_question_table():

@@ -4,6 +4,10 @@ from dataclasses import dataclass
 from replication.core.params import DEVICE, MODEL, Params, notebook, p
 from replication.lm import tasks
 
+# rlpr_training.VARIANTS' names (that module loads torch; the parameter registry may not)
+VARIANTS = ("rlpr", "rlvr", "oracle", "rlpr_no_debias", "rlpr_no_filter", "rlpr_per_step_r_prime")
+
+
 @notebook("03_rlpr_debiasing")
 @dataclass
 class RLPR(Params):
@@ -30,7 +34,7 @@ class RLPR(Params):
     warmup_start: int = p(minimum=0)
     warmup_end: int = p()
     max_rollouts: int = p()
-    variants: list = p(each={"choices": ("rlpr", "rlvr", "rlpr_no_debias", "rlpr_no_filter")})
+    variants: list = p(each={"choices": VARIANTS})
     seeds: int = p(minimum=1)
 
     def check(self):
@@ -38,3 +42,4 @@ class RLPR(Params):
             raise ValueError(f"warmup_end={self.warmup_end} is not allowed; it must be > warmup_start = {self.warmup_start}")
         self.at_most("warmup_end", self.steps, "steps")
         self.at_most("prompts_per_step", self.n_train, "n_train")
+        self.at_most("n_arithmetic", self.n_train, "n_train")   # part (a) samples the first n_arithmetic of the pool

@@ -5,8 +5,12 @@ the debiased r_hat and the exact-match verifier (`sample_replies`, `reward_colum
 sampling seed, `sample_draws`): one draw of replies is as fragile as one training run. Their ROC-AUC against the
 lenient oracle is the mean over the draws, with a 95% interval over draws, then whole questions within a draw
 (`over_draws`, the scheme of stats.two_level_bootstrap for a statistic that is not a mean over questions); the
-statistics themselves are replication.core.stats'. Also: the sensitivity of each aggregation to one weak token,
-and what debiasing removes (r' by question and its relation to correctness).
+statistics themselves are replication.core.stats'. GRPO compares replies only within a question's group, so the
+reading that matters for training is within question (`by_question`, `within_question`: each question's AUC, the
+share of its right-vs-wrong reply pairs the reward ranks right, averaged over the questions that have both; the
+AUC pooled over questions is the secondary reading). Also: how often the exact-match verifier misses a right
+answer (`verifier_misses`), the spread of each reward within a question (`spread_difference`), the sensitivity of
+each aggregation to one weak token, and what debiasing removes (r' by question and its relation to correctness).
 """
 import numpy as np
 import pandas as pd
@@ -143,8 +147,10 @@ def auc_by_style(table: pd.DataFrame, columns=("mean", "mean_debiased", "verifie
 
 
 def reward_spread(table: pd.DataFrame) -> pd.DataFrame:
-    """Per aggregation: the mean within-question std of r, its overall std and mean, and their ratio (CV)."""
-    out = pd.DataFrame({"within-question std": {h: float(table.groupby("qid")[h].std().mean()) for h in AGGREGATIONS},
+    """Per aggregation: the mean within-question std of r (each question's replies within one draw), its overall
+    std and mean, and their ratio (CV)."""
+    by = ["draw", "qid"] if "draw" in table else "qid"
+    out = pd.DataFrame({"within-question std": {h: float(table.groupby(by)[h].std().mean()) for h in AGGREGATIONS},
                         "overall std": {h: float(table[h].std()) for h in AGGREGATIONS},
                         "overall mean": {h: float(table[h].mean()) for h in AGGREGATIONS}})
     out["coefficient of variation"] = out["overall std"] / out["overall mean"]
@@ -153,12 +159,64 @@ def reward_spread(table: pd.DataFrame) -> pd.DataFrame:
 
 def claim_basis(d: dict, reason: str) -> dict:
     """run.claim's basis for an over_draws result: its interval, estimate and per-draw values (one draw caps the
-    verdict at 'inconclusive (one run)') when the interval is finite, else not_tested=reason (e.g. a reward that
-    saw only one class of replies has no AUC)."""
+    verdict at 'inconclusive (one draw)'; unit 'draw') when the interval is finite, else not_tested=reason (e.g. a
+    reward that saw only one class of replies has no AUC)."""
     if np.isfinite(d["ci95"][0]) and np.isfinite(d["ci95"][1]):
         return {"interval": tuple(d["ci95"]), "estimate": d["estimate"],
-                "seed_differences": [x for x in d["per_draw"] if np.isfinite(x)]}
+                "seed_differences": [x for x in d["per_draw"] if np.isfinite(x)], "unit": "draw"}
     return {"not_tested": reason}
+
+
+# ---- within question: what a group baseline (GRPO) sees ----------------------------------------------------
+
+def by_question(table: pd.DataFrame, columns) -> pd.DataFrame:
+    """One row per draw and question: its kind (if given), replies, the share right, and per reward column its AUC
+    within the question (`<column>`: the share of right-vs-wrong reply pairs it ranks right, ties counted half; nan
+    when the question's replies are all right or all wrong) and its spread (`<column> std`: the std of the reward
+    over the question's replies)."""
+    rows = []
+    for (draw, qid), g in table.assign(draw=table["draw"] if "draw" in table else 0).groupby(["draw", "qid"], sort=False):
+        y = g["correct"].to_numpy(bool)
+        rows.append({"draw": draw, "qid": qid, **({"kind": g["kind"].iloc[0]} if "kind" in g else {}),
+                     "replies": len(g), "correct": float(y.mean()),
+                     **{c: stats.auc(g[c], y) for c in columns}, **{f"{c} std": float(g[c].std()) for c in columns}})
+    return pd.DataFrame(rows)
+
+
+def within_question(table: pd.DataFrame, a: str, b: str = None, n_boot: int = 1000, seed: int = 0) -> dict:
+    """The within-question AUC of reward a (b given: of a minus b, on the same replies), averaged over the questions
+    with both right and wrong replies, per draw, and its mean over the draws with the two-level interval
+    (over_draws: draws, then those questions)."""
+    cols = [a] if b is None else [a, b]
+    q = by_question(table, cols)
+    q = q[q[a].notna()]
+    stat = (lambda x: float(np.mean(x))) if b is None else (lambda x, z: float(np.mean(x - z)))
+    out = over_draws(stat, q, cols, n_boot, seed)
+    out["n"] = (f"{q['draw'].nunique()} draw{'s' if q['draw'].nunique() != 1 else ''} x {q['qid'].nunique()} questions "
+                f"with right and wrong replies ({int(q['replies'].sum())} replies)")
+    return out
+
+
+def spread_difference(table: pd.DataFrame, a: str, b: str, n_boot: int = 1000, seed: int = 0) -> dict:
+    """The within-question std of reward a minus that of reward b (each question's replies), averaged over the
+    questions, per draw, and its mean over the draws with the two-level interval; also each one's mean spread."""
+    q = by_question(table, [a, b]).dropna(subset=[f"{a} std", f"{b} std"])
+    out = over_draws(lambda x, z: float(np.mean(x - z)), q, (f"{a} std", f"{b} std"), n_boot, seed)
+    out["n"] = f"{q['draw'].nunique()} draw(s) x {q['qid'].nunique()} questions ({int(q['replies'].sum())} replies)"
+    return out | {"spread": {c: float(q[f"{c} std"].mean()) for c in (a, b)}}
+
+
+def verifier_misses(table: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> dict:
+    """How the exact-match verifier fails on sampled replies graded by the lenient oracle: the share of right
+    replies it rejects (`missed`) and the share of replies right (`correct`), each per draw with its two-level
+    interval, and by the form of the reference (`by_style`: replies, right, passing the verifier, right but missed)."""
+    right = lambda c, v: float(np.mean(~v[c])) if c.any() else np.nan  # noqa: E731
+    t = table.assign(correct=table["correct"].astype(bool), verified=table["verified"].astype(bool))
+    styles = t.groupby("style").apply(lambda g: pd.Series({
+        "replies": len(g), "correct": g["correct"].mean(), "verifier": g["verified"].mean(),
+        "missed": right(g["correct"].to_numpy(), g["verified"].to_numpy())}), include_groups=False)
+    return {"missed": over_draws(right, t, ("correct", "verified"), n_boot, seed),
+            "correct": over_draws(lambda c: float(np.mean(c)), t, ("correct",), n_boot, seed), "by_style": styles}
 
 
 # ---- sensitivity to one weak token -----------------------------------------------------------------
@@ -203,12 +261,13 @@ def bump_ratios(probs, factor: float = 5.0) -> pd.DataFrame:
                          for h in AGGREGATIONS}, columns=list(AGGREGATIONS))
 
 
-def log_ratio_difference(multi: pd.DataFrame, factor: float = 5.0, n_boot: int = 1000, seed: int = 0) -> dict:
-    """Over the replies `multi` (multi_token), the mean log-ratio by which the product moves minus the mean's when
-    the weakest token is made `factor` times as likely (bump_ratios), per draw, with the two-level interval."""
-    change = bump_ratios(multi["probs"], factor)
-    t = multi.reset_index(drop=True).assign(product_log=np.log(change["sequence"].to_numpy(float)), mean_log=np.log(change["mean"].to_numpy(float)))
-    return over_draws(lambda x, z: float(np.mean(x - z)), t, ("product_log", "mean_log"), n_boot, seed)
+def weakest_token_holds(probs, factor: float = 5.0) -> bool:
+    """The arithmetic behind 'the weakest token moves the product more than the mean', checked on given
+    probability lists: with the weakest token made `factor` times as likely (capped at 1), the product moves by
+    that token's whole factor and the mean by at most 1 + (factor - 1) / N, so the product's ratio is at least
+    the mean's for every list (bump_ratios; True for any probabilities, whichever model gave them)."""
+    change = bump_ratios([p for p in probs if min(p) > 0], factor)   # a zero probability has no ratio to move
+    return bool(len(change)) and bool(np.all(change["sequence"] >= change["mean"] * (1 - 1e-12)))
 
 
 # ---- what debiasing removes ------------------------------------------------------------------------

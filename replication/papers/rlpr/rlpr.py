@@ -3,10 +3,14 @@
 A reply o is split into reasoning and answer (replication.papers.rlpr.answers locates the answer); the answer is
 replaced by the reference to get o', and the reference's tokens are scored under the policy:
 r = f_seq({p_i : o'_i in y*}). Debiasing subtracts r', the same score with no reasoning (the prompt followed
-directly by "The answer is " and the reference): r_hat = clip(r - r', 0, 1). A reply with no answer has
-nothing to replace; the authors' code gives an empty reference mask the score 0, so its reward is 0 (plus
-the format term, also 0). The std filter and the filtered GRPO loop are in replication.papers.rlpr.rlpr_training,
-the reward-quality measurements in replication.papers.rlpr.reward_quality.
+directly by "The answer is " and the reference): r_hat = clip(r - r', 0, 1). The authors' code scores r' ONCE,
+before training, with the initial policy, and keeps it per (prompt, reference) for the whole run (OpenBMB/RLPR,
+verl/trainer/ppo/ray_trainer.py: `fit` calls `compute_promptgt2scoreA(0)` before the first step; `get_scoreA`
+scores the prompt followed directly by the reference): `initial_baseline` here. Scoring r' under the policy of
+each step is a variant, not the authors' (Reward(baseline="policy")). A reply with no answer has nothing to
+replace; the authors' code gives an empty reference mask the score 0, so its reward is 0 (plus the format term,
+also 0). The std filter and the filtered GRPO loop are in replication.papers.rlpr.rlpr_training, the
+reward-quality measurements in replication.papers.rlpr.reward_quality.
 """
 import numpy as np
 
@@ -15,6 +19,7 @@ from replication.lm.training import token_probs
 from . import answers
 
 AGGREGATIONS = ("mean", "sequence", "geometric")
+KINDS = ("probability", "verifier", "oracle")
 
 
 def reply_inputs(replies, references):
@@ -39,6 +44,14 @@ def baseline_probs(model, tok, prompts, references, lead: str = "The answer is "
     return token_probs(model, tok, prompts, *baseline_inputs(references, lead), **kw)
 
 
+def initial_baseline(model, tok, questions, shots=(), **kw) -> dict:
+    """{question id: r' token probabilities} under `model` as it is now (the initial policy, before any step): the
+    authors' r', scored once and kept for the whole run (module docstring). kw: token_probs' temperature,
+    batch_size, system (those of the rollouts)."""
+    probs = baseline_probs(model, tok, [q.chat(shots) for q in questions], [q.reference for q in questions], **kw)
+    return {q.id: p for q, p in zip(questions, probs)}
+
+
 # ---- aggregation and debiasing ---------------------------------------------------------------------
 
 def aggregate(probs, how: str = "mean") -> float:
@@ -61,23 +74,26 @@ def debias(r, r_prime):
 # ---- the reward function ---------------------------------------------------------------------------
 
 class Reward:
-    """reward_fn for GRPOTrainer: RLPR (probability) or RLVR (exact match), plus the format term.
+    """reward_fn for GRPOTrainer: RLPR (kind "probability"), RLVR with the exact-match rule verifier ("verifier")
+    or the lenient oracle as the reward ("oracle", a ceiling), plus the format term.
 
-    reward = (1 - format_weight) * core + format_weight * format, core = clip(r - r', 0, 1) with a baseline,
-    clip(r, 0, 1) without (baseline=None). baseline="policy": r' of each question in the batch is scored under
-    the policy as it is at that call (the prompt directly followed by "The answer is " and the reference, as
-    the authors do each step); a dict {question id: r' token probabilities}: a fixed r'. Side data go to the
+    reward = (1 - format_weight) * core + format_weight * format; core = clip(r - r', 0, 1) with a baseline,
+    clip(r, 0, 1) without (baseline=None), the verifier's or the oracle's 0/1 otherwise. baseline: a dict
+    {question id: r' token probabilities}, a fixed r' (the authors': `initial_baseline`, scored once by the
+    initial policy); "policy": the per-step variant, r' of each question in the batch scored under the policy as
+    it is at that call (the prompt directly followed by "The answer is " and the reference). Side data go to the
     rollout record: log_extra r, core, format and correct (lenient oracle) per completion; log_metric
     answer_found (the share of replies with an answer span) and, when debiased, r_prime (mean r' of the
     batch's questions) and debiased_nonzero (the share of replies with r > r')."""
 
     def __init__(self, model, tok, kind: str = "probability", aggregation: str = "mean", baseline=None,
                  format_weight: float = 0.1, temperature: float = 1.0, batch_size: int = 16, system=None):
-        config.check_choice("kind", kind, ("probability", "verifier"))
+        config.check_choice("kind", kind, KINDS)
         config.check_choice("aggregation", aggregation, AGGREGATIONS)
         config.check_range("format_weight", format_weight, 0.0, 1.0)
         if not (baseline is None or baseline == "policy" or isinstance(baseline, dict)):
-            raise ValueError(f"baseline={baseline!r} is not allowed; use None, 'policy' or a dict of r' token probabilities")
+            raise ValueError(f"baseline={baseline!r} is not allowed; use None, a dict of r' token probabilities (the "
+                             "authors': initial_baseline) or 'policy' (scored per step)")
         self.model, self.tok, self.kind, self.aggregation, self.baseline = model, tok, kind, aggregation, baseline
         self.w, self.temperature, self.batch_size, self.system = format_weight, temperature, batch_size, system
 
@@ -104,6 +120,8 @@ class Reward:
         metrics = {"answer_found": found}
         if self.kind == "verifier":
             r = core = np.array([float(answers.exact_match(c, ref)) for c, ref in zip(completions, refs)])
+        elif self.kind == "oracle":
+            r = core = np.array(correct, dtype=np.float64)
         else:
             probs, table = self.probabilities(prompts, completions, metadata)
             r = np.array([aggregate(p, self.aggregation) for p in probs])

@@ -1,5 +1,5 @@
-"""RLPR training: the adaptive std filter, the filtered GRPO step on the one loop, the four variants (each once
-per training seed, `run_seeds`) and their held-out answers, the health check of each run, and the records notebook
+"""RLPR training: the adaptive std filter, the filtered GRPO step on the one loop, the variants (each once per
+training seed, `run_seeds`) and their held-out answers, the health check of each run, and the records notebook
 03 reports.
 
 One step: draw `batch_prompts` questions, roll out G replies each (GRPOTrainer.collect), keep the prompts
@@ -18,11 +18,14 @@ import torch
 from replication.core import config, stats
 from replication.lm import arms, grpo, loop, models, tasks
 from . import answers
-from .rlpr import Reward
+from .rlpr import Reward, initial_baseline
 
-# variant -> (reward kind, debiased, std filter)
-VARIANTS = {"rlpr": ("probability", True, True), "rlvr": ("verifier", False, False),
-            "rlpr_no_debias": ("probability", False, True), "rlpr_no_filter": ("probability", True, False)}
+# variant -> (reward kind, r' (None: not debiased; "initial": the authors', scored once by the initial policy;
+# "per_step": scored under the policy of each step), std filter)
+VARIANTS = {"rlpr": ("probability", "initial", True), "rlvr": ("verifier", None, False),
+            "oracle": ("oracle", None, False), "rlpr_no_debias": ("probability", None, True),
+            "rlpr_no_filter": ("probability", "initial", False),
+            "rlpr_per_step_r_prime": ("probability", "per_step", True)}
 
 
 class StdFilter:
@@ -148,27 +151,34 @@ def answer_heldout(model, tok, questions, max_new_tokens: int = 48, batch_size: 
 
 
 def run_variant(name: str, pool, heldout, cfg, steps: int, batch_prompts: int, run_folder=None, cache=None,
-                model_name: str = "smollm2-135m-instruct", shots=(), baseline="policy", format_weight: float = 0.1,
+                model_name: str = "smollm2-135m-instruct", shots=(), r_prime: dict = None, format_weight: float = 0.1,
                 std_filter_factor: float = 0.5, ema_ratio: float = 0.99, warmup=(0, 2), max_rollouts: int = 2, lora_r: int = 16,
                 eval_tokens: int = 48, batch_size: int = 16, progress: bool = True):
     """Train one variant (VARIANTS) with LoRA GRPO from the base model, then answer the held-out questions greedily.
     Every variant starts from the same adapter (seeded by config.derive_seed(cfg.seed, "rlpr-lora")), whatever ran
-    or was cached before it. baseline: r' of the debiased variants (rlpr.Reward: "policy" or a dict).
+    or was cached before it. r' of the debiased variants: VARIANTS' "initial" (the authors') uses the table r_prime
+    ({question id: r' token probabilities} from the initial policy, rlpr.initial_baseline, e.g. computed once by the
+    notebook for every run) or, when None, scores it here once from the freshly initialised model (LoRA B = 0: the
+    base model) before the first step; "per_step" scores it under the policy at every step (rlpr.Reward "policy").
 
     run_folder(name, key) -> loop.RunFolder and cache(name, key, make) are the notebook's run.run_folder and
     run.cached (None: no folder, no cache); both are keyed by every setting. Returns (step rows, held-out table)."""
     config.check_choice("variant", name, tuple(VARIANTS))
-    kind, debiased, filtered = VARIANTS[name]
+    kind, mode, filtered = VARIANTS[name]
     key = {"variant": name, "grpo": asdict(cfg), "steps": steps, "batch_prompts": batch_prompts, "model": model_name,
-           "shots": [s.id for s in shots], "baseline": baseline if isinstance(baseline, str) else "fixed",
+           "shots": [s.id for s in shots], "r_prime": mode,
            "format_weight": format_weight, "std_filter_factor": std_filter_factor, "ema_ratio": ema_ratio, "warmup": list(warmup),
            "max_rollouts": max_rollouts, "lora_r": lora_r, "pool": [q.id for q in pool],
+           "references": [q.reference for q in pool + list(heldout)],
            "heldout": [q.id for q in heldout], "eval_tokens": eval_tokens, "lora_init": "rlpr-lora"}
     model, tok = models.load_model(model_name)
     torch.manual_seed(config.derive_seed(cfg.seed, "rlpr-lora"))  # LoRA A's init draws from torch's global RNG
     model = models.add_lora(model, r=lora_r, alpha=2 * lora_r)
-    reward = Reward(model, tok, kind, baseline=baseline if debiased else None, format_weight=format_weight,
-                    temperature=cfg.temperature, batch_size=batch_size, system=cfg.system)
+    score = {"temperature": cfg.temperature, "batch_size": batch_size, "system": cfg.system}
+    if mode == "initial" and r_prime is None:
+        r_prime = initial_baseline(model, tok, pool, shots, **score)
+    baseline = {"initial": r_prime, "per_step": "policy", None: None}[mode]
+    reward = Reward(model, tok, kind, baseline=baseline, format_weight=format_weight, **score)
     trainer = grpo.GRPOTrainer(model, tok, reward, cfg)
     filt = StdFilter(std_filter_factor, ema_ratio, warmup_start=warmup[0], warmup_end=warmup[1]) if filtered else None
     folder = run_folder(name, key) if run_folder is not None else None
