@@ -1,9 +1,13 @@
 """Elo-Evolve on the real model: an opponent pool of precomputed responses and the training regimes (point, static,
-Elo-orchestrated) as a step function on the resumable loop. The judges and the win/loss reward are in
-replication.papers.elo_evolve.judging; training an arm with its held-out evaluation, the judge's accuracy and the
+Elo-orchestrated) as a step function on the resumable loop, with the degradation schedule of the temperature analysis
+(from a stated step the strongest opponent's responses are replaced by a weaker one's, its rating kept) and the fork
+that starts a degraded run from its undegraded twin's checkpoint at that step. The judges and the win/loss reward are
+in replication.papers.elo_evolve.judging; training an arm with its held-out evaluation, the judge's accuracy and the
 comparison of Table 1 are in replication.papers.elo_evolve.evolve_eval.
 """
-from dataclasses import asdict, dataclass
+import json
+import shutil
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -110,11 +114,20 @@ class EvolveConfig:
     prompts_per_step: int = 4
     length_margin: int = 60       # words
     seed: int = 0
+    degrade_step: int = None      # from this step on the strongest opponent answers with degrade_with's responses
+    degrade_with: str = None      # (its rating kept; None: no degradation)
 
     def validate(self, names) -> "EvolveConfig":
         config.check_choice("regime", self.regime, REGIMES)
         if self.regime == "static":
             config.check_choice("opponent", self.opponent, tuple(names))
+        if self.degrade_step is not None:
+            if self.regime == "point":
+                raise ValueError("degrade_step is not allowed with regime 'point'; it plays no opponent")
+            config.check_int("degrade_step", self.degrade_step)
+            if self.degrade_step >= self.steps:
+                raise ValueError(f"degrade_step={self.degrade_step} is not allowed; it must be below steps={self.steps}")
+            config.check_choice("degrade_with", self.degrade_with, tuple(names))
         config.check_choice("update_rule", self.update_rule, elo.UPDATE_RULES)
         config.check_int("steps", self.steps)
         config.check_int("prompts_per_step", self.prompts_per_step)
@@ -124,11 +137,68 @@ class EvolveConfig:
         return self
 
 
-def regimes(static_opponent: str, temperatures, **common) -> dict:
-    """The compared arms by name: point, static-<opponent>, elo-T<T> for each T."""
-    return {"point": EvolveConfig(regime="point", **common),
-            f"static-{static_opponent}": EvolveConfig(regime="static", opponent=static_opponent, **common),
-            **{f"elo-T{T:g}": EvolveConfig(regime="elo", temperature=float(T), **common) for T in temperatures}}
+def regimes(static_opponent: str, temperatures, degrade_temperatures=None, degrade_step: int = None,
+            degrade_with: str = None, **common) -> dict:
+    """The compared arms by name: point, static-<opponent>, elo-T<T> for each T, then elo-T<T>-degraded for each T of
+    degrade_temperatures (the same run with the strongest opponent degraded from degrade_step on)."""
+    out = {"point": EvolveConfig(regime="point", **common),
+           f"static-{static_opponent}": EvolveConfig(regime="static", opponent=static_opponent, **common),
+           **{f"elo-T{T:g}": EvolveConfig(regime="elo", temperature=float(T), **common) for T in temperatures}}
+    for T in degrade_temperatures or ():
+        if f"elo-T{T:g}" not in out:
+            raise ValueError(f"degrade_temperatures holds {T!r}, which is not one of temperatures {list(temperatures)}")
+        out[f"elo-T{T:g}-degraded"] = replace(out[f"elo-T{T:g}"], degrade_step=degrade_step, degrade_with=degrade_with)
+    return out
+
+
+def table1_arms(arms: dict) -> tuple:
+    """The arms of Table 1 by name: point, the static arm, and Elo-Evolve at T = 200 (the paper's choice), or at the
+    first temperature trained when 200 is not."""
+    point = next(n for n, c in arms.items() if c.regime == "point")
+    static = next(n for n, c in arms.items() if c.regime == "static")
+    elo_arms = [n for n, c in arms.items() if c.regime == "elo" and c.degrade_step is None]
+    return point, static, next((n for n in elo_arms if arms[n].temperature == 200.0), elo_arms[0])
+
+
+def degrade_source(name: str, cfg: EvolveConfig):
+    """(name, config) of the undegraded run a degraded arm shares its first degrade_step steps with, or None."""
+    if cfg.degrade_step is None:
+        return None
+    return name.removesuffix("-degraded"), replace(cfg, degrade_step=None, degrade_with=None)
+
+
+def strongest(names, ratings) -> str:
+    """The opponent with the highest rating (the one the temperature analysis degrades)."""
+    return list(names)[int(np.argmax(np.asarray(ratings, float)))]
+
+
+def pool_at(pool: dict, ratings, cfg: EvolveConfig, step: int) -> tuple:
+    """(the responses each opponent answers with at `step`, degraded?). Before cfg.degrade_step: the pool as built.
+    From it on: the strongest-rated opponent's responses are degrade_with's; every rating stays as given (the
+    paper keeps opponent ratings fixed, so the policy's expected score against it still reads the old rating)."""
+    if cfg.degrade_step is None or step < cfg.degrade_step:
+        return pool, False
+    top = strongest(list(pool), ratings)
+    return {**pool, top: pool[cfg.degrade_with]}, True
+
+
+def fork(source, target, step: int) -> bool:
+    """Start the run in `target` (loop.RunFolder) from `source`'s checkpoint after `step` steps and its log up to
+    there, so that a degraded run reuses its undegraded twin's first steps (identical up to the degradation: the
+    same config, seeds and draws; loop.run then resumes from the copy, weights, optimizer, RNG and rating included).
+    Nothing is done when target already has a checkpoint or source has none at `step`. True when forked."""
+    ckpt = source.path / "checkpoints" / f"step_{step:06d}.pt"
+    if target.latest() is not None or target.done or not ckpt.is_file():
+        return False
+    rows = [r for r in source.rows() if r["step"] < step]
+    if len(rows) != step:
+        return False
+    (target.path / "checkpoints").mkdir(parents=True, exist_ok=True)
+    tmp = target.path / "checkpoints" / f"step_{step:06d}.tmp"
+    shutil.copyfile(ckpt, tmp)
+    files.write_text(target.log_path, "".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(tmp.with_suffix(".pt"))
+    return True
 
 
 class Arena:
@@ -187,15 +257,17 @@ def train(model, tok, judge, problems, pool: dict, ratings, cfg: EvolveConfig, g
         idx = rng.choice(len(problems), size=cfg.prompts_per_step, replace=False)
         rating = state["rating"]
         opp, probs = choose(cfg, rating, names, ratings, rng)
+        answers, degraded = pool_at(pool, ratings, cfg, t)
         meta = [{"question": problems[i].question, "answer": problems[i].answer,
-                 "opponent_response": None if opp is None else pool[names[o]][i]}
+                 "opponent_response": None if opp is None else answers[names[o]][i]}
                 for i, o in zip(idx, [0] * len(idx) if opp is None else opp)]
         arena.rng = np.random.default_rng(config.derive_seed(cfg.seed, "judge", t))
         torch.manual_seed(config.derive_seed(grpo_cfg.seed, "grpo-step", t))
         trainer.timer.seconds.clear()
         batch = trainer.rollout([problems[i].chat(shots) for i in idx], meta)
         row = {**grpo.step_stats(batch), **trainer.update(batch), **trainer.times(batch),
-               "regime": cfg.regime, "samples": len(batch), "rating_before": rating, "probs": probs.tolist()}
+               "regime": cfg.regime, "samples": len(batch), "rating_before": rating, "probs": probs.tolist(),
+               "degraded": degraded, "prompts": [int(i) for i in idx]}
         if "outcome" in batch.extras:
             s, opp_r = np.asarray(batch.extras["outcome"], float), np.repeat(ratings[opp], G)
             row.update(win_rate=float(s.mean()), opponents=[names[o] for o in opp], outcomes=s.tolist(),
@@ -213,5 +285,6 @@ def train(model, tok, judge, problems, pool: dict, ratings, cfg: EvolveConfig, g
 
 def run_key(model_name: str, cfg: EvolveConfig, grpo_cfg, lora_r: int, pool: dict, ratings, extra: dict = None) -> dict:
     """What a training run depends on: for run.run_folder(name, run_key(...))."""
-    return {"regime": asdict(cfg), "grpo": asdict(grpo_cfg), "model": str(model_name), "lora_r": lora_r,
+    regime = {k: v for k, v in asdict(cfg).items() if v is not None or k not in ("degrade_step", "degrade_with")}
+    return {"regime": regime, "grpo": asdict(grpo_cfg), "model": str(model_name), "lora_r": lora_r,
             "pool": files.digest(pool), "ratings": [float(r) for r in ratings], "lora_init": "evolve-lora", **(extra or {})}

@@ -216,13 +216,7 @@ def rating_rise(runs, k: float, n_boot: int = 2000, seed: int = 0) -> dict:
     Per prompt (its G matches share its opponent): K x steps x its mean(S - E), whose mean over a run's prompts is the
     run's rise; the interval is stats.two_level_bootstrap's over seeds x prompts."""
     runs = [runs] if runs and isinstance(runs[0], dict) else list(runs)
-    per_prompt = []
-    for rows in runs:
-        v = []
-        for r in rows:
-            d = np.asarray(r["outcomes"], float) - np.asarray(r["expected"], float)
-            v += (k * len(rows) * d.reshape(len(r["opponents"]), -1).mean(axis=1)).tolist()
-        per_prompt.append(v)
+    per_prompt = [prompt_rises(rows, k) for rows in runs]
     if len({len(v) for v in per_prompt}) != 1:
         raise ValueError("every seed's run must have the same number of steps and prompts")
     x = np.array(per_prompt)
@@ -230,6 +224,16 @@ def rating_rise(runs, k: float, n_boot: int = 2000, seed: int = 0) -> dict:
     n = len(x)
     return {"rise": est, "ci95": [lo, hi], "per_seed": x.mean(axis=1).tolist(), "seeds": n, "prompts": x.shape[1],
             "n": f"{n} seed{'s' if n > 1 else ''} x {x.shape[1]} prompts"}
+
+
+def prompt_rises(rows, k: float) -> list:
+    """One Elo run's rise split by prompt, in step order: K x steps x the prompt's mean(S - E) over its G matches (their
+    mean over the run's prompts is the run's rise under the mean rule)."""
+    v = []
+    for r in rows:
+        d = np.asarray(r["outcomes"], float) - np.asarray(r["expected"], float)
+        v += (k * len(rows) * d.reshape(len(r["opponents"]), -1).mean(axis=1)).tolist()
+    return v
 
 
 def sampling_movement(rows, names) -> dict:

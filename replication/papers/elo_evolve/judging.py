@@ -15,7 +15,7 @@ import re
 import numpy as np
 from scipy import stats as sps
 
-from replication.core import config, phases
+from replication.core import config, paper, phases
 from replication.lm import judges, models, tasks, training
 from .params import JUDGES
 
@@ -56,6 +56,66 @@ class QualityJudge:
         """One noisy absolute score per response."""
         q = np.array([correct(x, ans) for x, ans in zip(responses, answers)])
         return q + rng.normal(0.0, self.sigma_abs, size=len(q))
+
+
+def quality_noise(sigma_comp: float = 1.0, abs_noise_ratio: float = None) -> dict:
+    """The quality judge's two noises at a stated ratio: sigma_abs = ratio x sigma_comp / sqrt(2), so that ranking two
+    replies by two absolute scores (noise sqrt(2) sigma_abs) is `ratio` times noisier than one comparison (sigma_comp),
+    as the paper measures it (Section 4.6.2: sigma_abs,eff / sigma_comp). abs_noise_ratio None: the paper's ratio at a
+    quality gap of 1 (data/paper/elo_evolve_noise.csv, ratio_gap1). Returns sigma_comp, sigma_abs, ratio, source."""
+    if not isinstance(sigma_comp, (int, float)) or sigma_comp <= 0:
+        raise ValueError(f"sigma_comp={sigma_comp!r} is not allowed; a judge's noise must be > 0")
+    if abs_noise_ratio is None:
+        ratio, source = float(paper.value("elo_evolve_noise", statistic="ratio_gap1")), "paper"
+    elif isinstance(abs_noise_ratio, (int, float)) and abs_noise_ratio > 0:
+        ratio, source = float(abs_noise_ratio), "set"
+    else:
+        raise ValueError(f"abs_noise_ratio={abs_noise_ratio!r} is not allowed; give a ratio > 0, or None for the paper's")
+    return {"sigma_comp": float(sigma_comp), "sigma_abs": ratio * float(sigma_comp) / np.sqrt(2), "ratio": ratio, "source": source}
+
+
+def measured_noise_ratio(judge, n: int = 20000, seed: int = 0) -> dict:
+    """The judge's noise ratio read back from its own outcomes on n right/wrong pairs: how often one comparison and
+    how often two absolute scores rank the right reply first (p_comp = Phi(1 / sigma_comp), p_abs = Phi(1 / (sqrt(2)
+    sigma_abs))), and the ratio Phi^-1(p_comp) / Phi^-1(p_abs), which is sqrt(2) sigma_abs / sigma_comp."""
+    config.check_int("n", n)
+    rng = np.random.default_rng(seed)
+    q, a = ["q"] * n, [1] * n
+    right, wrong = ["The answer is 1."] * n, ["The answer is 2."] * n
+    p_comp = float(np.mean(outcomes(judge, q, a, right, wrong, rng, length_margin=10**6)))
+    p_abs = float(np.mean(judge.scores(q, a, right, rng) > judge.scores(q, a, wrong, rng)))
+    ratio = float(sps.norm.ppf(p_comp) / sps.norm.ppf(p_abs)) if 0.5 < p_abs < 1 else float("nan")
+    return {"p_comparison": p_comp, "p_absolute": p_abs, "ratio": ratio, "n": n}
+
+
+def reward_snr(judge, accuracy: float, group_size: int = 8, groups: int = 5000, seed: int = 0):
+    """What a GRPO group's update is told, per reward, at rollout accuracy `accuracy` (a simulation of the rewards,
+    no model): for each of `groups` groups of G replies (each right with that probability), the sum of GRPO's group
+    advantages (grpo.group_advantages) over its right replies: its mean over groups is the signal, its SD the noise.
+    Rewards: the exact verifier, the judge's win/loss/tie against a right and against a wrong opponent reply (outcomes),
+    and the judge's absolute score (point-based). One row per reward: signal, noise, their ratio."""
+    import pandas as pd
+    import torch
+
+    from replication.lm import grpo
+
+    config.check_range("accuracy", accuracy, 0.0, 1.0)
+    rng = np.random.default_rng(seed)
+    n = groups * group_size
+    right = rng.random(n) < accuracy
+    replies = np.where(right, "The answer is 1.", "The answer is 2.").tolist()
+    q, a = ["q"] * n, [1] * n
+    rewards = {"exact verifier": right.astype(float),
+               "comparison, right opponent": outcomes(judge, q, a, replies, ["So 1. The answer is 1."] * n, rng, 10**6),
+               "comparison, wrong opponent": outcomes(judge, q, a, replies, ["So 2. The answer is 2."] * n, rng, 10**6),
+               "absolute score (point)": judge.scores(q, a, replies, rng)}
+    rows = []
+    for name, r in rewards.items():
+        adv, _ = grpo.group_advantages(torch.tensor(np.asarray(r, float)), group_size)
+        toward = (adv.numpy() * right).reshape(groups, group_size).sum(1)
+        rows.append({"reward": name, "signal": float(toward.mean()), "noise": float(toward.std()),
+                     "signal / noise": float(toward.mean() / toward.std())})
+    return pd.DataFrame(rows)
 
 
 def canonical(reply: str):

@@ -60,11 +60,25 @@ class EloDynamics(Params):
     length_margin: int = p(minimum=0)
     elo_k: float = p(low=0.0, high=1e4)
     train_temperatures: list = p(each={"low": 1e-9, "high": 1e9})
+    degrade_temperatures: Optional[list] = p(each={"low": 1e-9, "high": 1e9})   # None: no degraded arms
+    train_degrade_step: int = p(minimum=1)
+    degrade_with: str = p()
     static_rule: str = p(choices=STATIC_RULES)
     opponents: dict = p()
 
     def check(self):
         self.at_most("prompts_per_step", self.n_train, "n_train")
+        if self.degrade_temperatures:
+            missing = [t for t in self.degrade_temperatures if float(t) not in [float(x) for x in self.train_temperatures]]
+            if missing:
+                raise ValueError(f"degrade_temperatures={self.degrade_temperatures!r} is not allowed; each must be one of "
+                                 f"train_temperatures {self.train_temperatures!r} (a degraded arm forks from that arm)")
+            if not self.train_degrade_step < self.train_steps:
+                raise ValueError(f"train_degrade_step={self.train_degrade_step} is not allowed; it must be below "
+                                 f"train_steps={self.train_steps}")
+            if self.degrade_with not in self.opponents:
+                raise ValueError(f"degrade_with={self.degrade_with!r} is not allowed; name one of the opponents "
+                                 f"{', '.join(self.opponents)}")
         for name, spec in self.opponents.items():
             ok = isinstance(spec, (list, tuple)) and len(spec) in (2, 3) and spec[0] >= 0 and int(spec[1]) == spec[1] >= 1
             if not (ok and (len(spec) == 2 or int(spec[2]) == spec[2] >= 0)):
