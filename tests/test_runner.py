@@ -424,3 +424,32 @@ def test_a_copy_installed_apart_from_its_clone_stops_with_one_line(tmp_path, cap
     assert runner.main(["--notebooks", str(tmp_path / "site-packages/notebooks")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "non-editable" in err and "pip install -e ." in err
+
+
+SIDE_BY_SIDE = """
+import os, time
+from replication import workbook
+run = workbook.start("{stem}", profile=profile, seed=seed)
+start = time.time()
+time.sleep(4)
+run.log(threads=os.environ.get("OMP_NUM_THREADS"), mkl=os.environ.get("MKL_NUM_THREADS"), start=start, end=time.time())
+run.finish()
+"""
+
+
+def test_jobs_run_notebooks_side_by_side_at_one_thread_each(tmp_path, runs):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    for stem in ("01_first", "02_second"):
+        write_notebook(folder, stem, {"smoke": {}, "default": {}})
+        nb = nbformat.read(folder / f"{stem}.ipynb", as_version=4)
+        nb.cells[1].source = SIDE_BY_SIDE.format(stem=stem)
+        nbformat.write(nb, folder / f"{stem}.ipynb")
+    out = runner.run("default", folder=folder, report=False, log=lambda *_: None, jobs=2)
+    assert out == {"01_first": "executed", "02_second": "executed"}
+    m = [json.loads((runs / f"default/metrics/{stem}.json").read_text())["metrics"] for stem in ("01_first", "02_second")]
+    assert all(x["threads"] == "1" and x["mkl"] == "1" for x in m)
+    assert m[0]["start"] < m[1]["end"] and m[1]["start"] < m[0]["end"]     # the two kernels ran at the same time
+    assert (runs / "default/state/01_first.json").is_file() and (runs / "default/state/02_second.json").is_file()
+    with pytest.raises(ValueError, match="jobs=0 is not allowed"):
+        runner.run("default", folder=folder, report=False, log=lambda *_: None, jobs=0)

@@ -107,6 +107,9 @@ def kernel_paths(profile: str) -> Paths:
     return Paths(profile, os.environ.get(RUNNER_ENV) or f"{profile}-scratch")
 
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")   # read by torch, OpenMP and MKL when a process starts
+
+
 @contextlib.contextmanager
 def environ(changes: dict):
     """os.environ with `changes` applied inside the block, each variable restored (or removed) after it."""

@@ -59,7 +59,7 @@ class Progress:
     second, so the clock moves during a long cell; in a log (not a terminal) each new section gets a line."""
 
     def __init__(self, stem: str, total: int, file=None):
-        self.file = file or sys.stderr
+        self.stem, self.file = stem, file or sys.stderr
         self.tty = self.file.isatty()
         self.section, self.inner = "", {}
         self.bar = tqdm(total=total, unit="cell", desc=f"[{stem}]", file=self.file, dynamic_ncols=True,
@@ -136,8 +136,9 @@ class Progress:
                                      log_output=log_output, stdout_file=stdout_file, stderr_file=stderr_file)
                 return Client(nb_man, **final).execute()
 
-        papermill_engines.register("replication", Engine)
-        return "replication"
+        name = f"replication-{self.stem}"   # one per notebook: notebooks run side by side (runner --jobs) keep their bars
+        papermill_engines.register(name, Engine)
+        return name
 
     def close(self, done: bool) -> None:
         """Stop the clock; a finished notebook shows all its cells done."""

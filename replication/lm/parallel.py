@@ -15,9 +15,6 @@ from concurrent.futures import ProcessPoolExecutor
 
 from replication.core import config
 
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
 def _init() -> None:
     import torch
 
@@ -35,7 +32,7 @@ def run_jobs(fn, jobs, workers: int = 1) -> list:
     jobs = list(jobs)
     if workers == 1 or len(jobs) <= 1:
         return [fn(**job) for job in jobs]
-    one_thread = config.environ({k: "1" for k in THREAD_VARS})  # read when torch loads in a worker
+    one_thread = config.environ({k: "1" for k in config.THREAD_VARIABLES})  # read when torch loads in a worker
     spawn = multiprocessing.get_context("spawn")
     with one_thread, ProcessPoolExecutor(min(workers, len(jobs)), mp_context=spawn, initializer=_init) as pool:
         futures = [pool.submit(_call, fn, job) for job in jobs]
