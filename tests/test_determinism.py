@@ -22,6 +22,7 @@ STEMS = runner.list_notebooks()
 TIMING_KEYS = (
     r".+_s",            # seconds: wall_time_s, load_s, first_load_s, cached_load_s, train_wall_s, tokens_per_s
     r"seconds",         # seconds by phase (04 debate/judging, 06 loop)
+    r".+_seconds",      # seconds by part (02 part2_seconds)
     r"tokens/s",        # 00 generation throughput
     r".+ s/question",   # 04: CPU seconds per judged question
     r"batched_speedup",  # 00: a ratio of two throughputs
@@ -75,8 +76,8 @@ def test_differences_name_the_key_and_skip_timings():
     assert differences(a, b) == ["claims['c1'].measured: '0.5' != '0.6'", "metrics.x[1]: '2.5' != '2.6'",
                                  "metrics.y: only in the second run"]
     assert differences({"n": 1}, {"n": 1.0}) == ["n: '1' != '1.0'"]
-    assert [k for k in ("wall_time_s", "train_wall_s", "tokens/s", "load_s", "seeds", "steps") if excluded(k)] == \
-        ["wall_time_s", "train_wall_s", "tokens/s", "load_s"]
+    assert [k for k in ("wall_time_s", "train_wall_s", "tokens/s", "load_s", "part2_seconds", "seeds", "steps")
+            if excluded(k)] == ["wall_time_s", "train_wall_s", "tokens/s", "load_s", "part2_seconds"]
 
 
 @pytest.fixture(scope="module")
