@@ -13,7 +13,8 @@ on the prefill plus what it wrote, so format = a number then the closing tag); u
 format is that phrase or an `<answer>` tag (`tasks.has_format`), since the model never writes the tag; the solver's
 prompt may lead with worked examples (`shots`, as the RLVR yardstick's). `judge="verifier"` is the control arm: answers
 to questions with a known answer are judged by the exact verifier (1 or 0), answers to proposed questions (answer
-unknown) get no score (the authors' neutral 0.5), and questions are still rated by the model's judge.
+unknown) get no score (the authors' neutral 0.5), and questions are still rated by the model's judge. `judge="likelihood"`
+judges every answer by the base model's likelihood of it (mae_likelihood: frozen, no reference, no prompt), questions as above.
 """
 import random
 import re
@@ -25,13 +26,13 @@ import torch
 
 from replication.core import config
 from replication.lm import grpo, loop, models, tasks, training
-from . import mae_scores
+from . import mae_likelihood, mae_scores
 
 QUALITY_THRESHOLD = 0.7
 AGREEMENT_CUT = 1 / 3  # normalised score of a raw 4 of 10: the rubric's line between a wrong and a correct answer
 QUESTION_PREFILL = "<question>"
 SCORE_PREFILL = "<score>"  # the judge's turn starts with the opened score tag, so its next tokens are the score
-JUDGES = ("self", "verifier")
+JUDGES = ("self", "verifier", "likelihood")
 EXAMPLE = "Tom has 5 pencils. Tom gets 2 more pencils. How many pencils does Tom have now?"
 PROPOSE_SCRATCH = ("You write math word problems. Write one new problem with a single number as its answer, inside "
                    f"question tags.\nExample of the format:\n<question>{EXAMPLE}</question>\n\n"
@@ -129,7 +130,8 @@ class MAEConfig:
     use_filter: bool = True
     strict_tags: bool = False
     score_rule: str = "self_judge"  # how judge replies are read (mae_scores.SCORE_RULES)
-    judge: str = "self"         # who judges answers: the model ("self") or the exact verifier ("verifier")
+    judge: str = "self"         # who judges answers: the model prompted ("self"), the exact verifier ("verifier"), or
+                                # the base model's likelihood of the reply ("likelihood", mae_likelihood)
     seed_level: str = "1d-1step-add"  # the level of the solver's worked examples
     shots: int = 0              # worked examples before each solver question (chat turns)
     seed: int = 0
@@ -221,6 +223,17 @@ def solve_prompt(question: str, shots=()):
     return turns + [{"role": "user", "content": SOLVE.format(question=question)}] if shots else SOLVE.format(question=question)
 
 
+def pool_rng(cfg: MAEConfig, it: int, stream=()) -> random.Random:
+    """The random stream of iteration `it`'s pool draws (references, then the pool questions solved)."""
+    return random.Random(config.derive_seed(cfg.seed, "mae-pool", it, *stream))
+
+
+def draw_references(rng: random.Random, pool: QuestionPool, cfg: MAEConfig) -> list:
+    """Each proposal's reference question (with probability cfg.reference_ratio), or None (from scratch)."""
+    return [pool.sample(rng, 1)[0]["question"] if rng.random() < cfg.reference_ratio and len(pool) else None
+            for _ in range(cfg.proposals)]
+
+
 def verifier_scores(replies, answers) -> list:
     """The verifier judge: 1.0 when a reply's answer is right (tasks.verify), 0.0 when wrong, None (no score) when
     the question's answer is unknown (a proposed question)."""
@@ -232,24 +245,27 @@ def iteration(model, tok, optimizer, pool: QuestionPool, cfg: MAEConfig, it: int
     torch.manual_seed(config.derive_seed(cfg.seed, "mae-step", it))
     timer = timer or training.Timer()
     model.eval()
-    out = collect(sampler(model, tok, cfg), pool, cfg, it, timer)
+    score_answers = mae_likelihood.scorer(model, tok) if cfg.judge == "likelihood" else None
+    out = collect(sampler(model, tok, cfg), pool, cfg, it, timer, score_answers=score_answers)
     with timer("backward"):
         update = joint_update(model, optimizer, out.pop("chunks"), cfg)
     out["row"].update({**update, **{f"{k}_s": v for k, v in timer.seconds.items()}})
     return out
 
 
-def collect(generate, pool: QuestionPool, cfg: MAEConfig, it: int, timer=None, stream=()) -> dict:
+def collect(generate, pool: QuestionPool, cfg: MAEConfig, it: int, timer=None, stream=(), score_answers=None) -> dict:
     """An iteration's rollouts and rewards: propose, judge questions, filter into the pool, solve, judge answers.
     generate(prompts, max_new_tokens, prefill="", repeats=1) -> {"ids", "texts", "group"} samples every role (the
-    model itself, or TRL's generation in replication.scale.trl_mae); `stream` tells processes' pool draws apart.
+    model itself, or TRL's generation in replication.scale.trl_mae); `stream` tells processes' pool draws apart;
+    score_answers(questions, replies) -> scores judges the answers when cfg.judge is "likelihood".
     Returns {"chunks": [(role, generation, rewards)] for joint_update, "row", "proposals", "verified"}."""
-    rng = random.Random(config.derive_seed(cfg.seed, "mae-pool", it, *stream))
+    if cfg.judge == "likelihood" and score_answers is None:
+        raise ValueError("judge='likelihood' needs score_answers (mae_likelihood.scorer of the model being trained)")
+    rng = pool_rng(cfg, it, stream)
     timer = timer or training.Timer()
     shots = worked_examples(cfg)
     with timer("generation"):
-        refs = [pool.sample(rng, 1)[0]["question"] if rng.random() < cfg.reference_ratio and len(pool) else None
-                for _ in range(cfg.proposals)]
+        refs = draw_references(rng, pool, cfg)
         prompts = [PROPOSE_REFERENCE.format(reference=r) if r else PROPOSE_SCRATCH for r in refs]
         prop = generate(prompts, cfg.question_tokens, QUESTION_PREFILL)
         parsed = [extract_question(t, cfg.strict_tags) for t in prop["texts"]]
@@ -267,6 +283,8 @@ def collect(generate, pool: QuestionPool, cfg: MAEConfig, it: int, timer=None, s
         sol = generate([solve_prompt(q, shots) for q, _, _ in distinct], cfg.answer_tokens, repeats=cfg.n_solve)
         if cfg.judge == "verifier":
             ajudge, a_judged = None, verifier_scores(sol["texts"], [a for _, a, _ in to_solve])
+        elif cfg.judge == "likelihood":
+            ajudge, a_judged = None, score_answers([q for q, _, _ in to_solve], sol["texts"])
         else:
             ajudge = _judged(generate, [JUDGE_ANSWER.format(question=q, answer=a) for (q, _, _), a in
                                         zip(to_solve, sol["texts"])], cfg)
@@ -340,14 +358,16 @@ def make_step(model, tok, optimizer, cfg: MAEConfig):
     return step
 
 
-def run_loop(model, tok, seeds, cfg: MAEConfig, folder: "loop.RunFolder" = None, progress: bool = True) -> dict:
-    """cfg.iterations steps on the active adapter from a seed pool, on the resumable loop (one checkpoint kept).
-    Returns {"rows": per-iteration rows, "pool", "proposals", "verified"}; a finished run is read back."""
+def run_loop(model, tok, seeds, cfg: MAEConfig, folder: "loop.RunFolder" = None, progress: bool = True,
+             keep: Optional[int] = 1) -> dict:
+    """cfg.iterations steps on the active adapter from a seed pool, on the resumable loop (the newest `keep`
+    checkpoints kept; None: every iteration's, for mae_trace). Returns {"rows": per-iteration rows, "pool",
+    "proposals", "verified"}; a finished run is read back."""
     cfg.validate()
     optimizer = torch.optim.AdamW(list(loop.trainable(model).values()), lr=cfg.lr, weight_decay=0.0)
     state = {"pool": QuestionPool.from_problems(seeds).items, "proposals": [], "verified": []}
     rows, state = loop.run(make_step(model, tok, optimizer, cfg), cfg.iterations, model, optimizer, folder, state,
-                           save_every=1, keep=1, desc="mae", summary={"config": asdict(cfg)}, progress=progress,
+                           save_every=1, keep=keep, desc="mae", summary={"config": asdict(cfg)}, progress=progress,
                            postfix=lambda r: {"pool": r["pool_size"], "solver": f"{r['solver_reward']:.2f}"})
     return {"rows": rows, **state}
 
@@ -366,7 +386,8 @@ def run_key(model_name: str, seeds, cfg: MAEConfig) -> dict:
     return {"model": model_name, "seeds": [p.id for p in seeds], **settings}
 
 
-def run_arm(model, tok, name: str, seeds, cfg: MAEConfig, folder: "loop.RunFolder" = None, progress: bool = True):
+def run_arm(model, tok, name: str, seeds, cfg: MAEConfig, folder: "loop.RunFolder" = None, progress: bool = True,
+            keep: Optional[int] = 1):
     """Train a fresh adapter `name` with the loop in `folder` (e.g. run.run_folder(name, run_key(...))): (model, result)."""
     model = new_adapter(model, name, cfg)
-    return model, run_loop(model, tok, seeds, cfg, folder, progress)
+    return model, run_loop(model, tok, seeds, cfg, folder, progress, keep)

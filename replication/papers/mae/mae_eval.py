@@ -11,10 +11,11 @@ from . import mae, mae_scores
 
 
 
-def heldout_answers(model, tok, problems, shots=(), max_new_tokens: int = 32, batch_size: int = 16, seed: int = 0):
-    """The active solver's greedy answers to held-out problems with the loop's solver prompt (tasks.evaluate, exact
-    verifier); `qid` names each problem, so tables of different arms pair on it."""
-    table = tasks.evaluate(model, tok, problems, max_new_tokens, batch_size, seed,
+def heldout_answers(model, tok, problems, shots=(), max_new_tokens: int = 32, batch_size: int = 16, seed: int = 0,
+                    temperature: float = 0.0):
+    """The active solver's answers to held-out problems with the loop's solver prompt (tasks.evaluate, exact verifier),
+    greedy unless a temperature is given; `qid` names each problem, so tables of different arms pair on it."""
+    table = tasks.evaluate(model, tok, problems, max_new_tokens, batch_size, seed, temperature=temperature,
                            prompts=[mae.solve_prompt(p.question, shots) for p in problems], progress=False)
     return table.assign(qid=table["id"])
 

@@ -31,8 +31,15 @@ class MAE(Params):
     reference_ratio: float = p(low=0.0, high=1.0)
     quality_threshold: float = p(low=0.0, high=1.0)
     score_rule: str = p(choices=mae_scores.SCORE_RULES)
+    sft_epochs: int = p()
+    sft_lr: float = p(low=0.0, high=0.1)
+    n_trace: int = p()
+    rate_samples: int = p()
+    n_question_problems: int = p()
     n_boot: int = p()
     batch_size: int = p()
 
     def check(self):
         self.at_most("n_probe", self.n_heldout, "n_heldout")
+        self.at_most("n_trace", self.n_heldout, "n_heldout")
+        self.at_most("n_question_problems", self.n_heldout, "n_heldout")
