@@ -145,6 +145,7 @@ def test_coverage_band_and_calibration_run():
 
 def test_formatting_and_tables():
     assert fmt.number(np.inf) == "inf" and fmt.number(1.234) == "1.23" and fmt.ci([0.5, np.inf]) == "[0.50, inf]"
+    assert fmt.number(-np.inf) == "-inf" and fmt.number(np.nan) == "nan" and fmt.ci([np.nan, 0.5]) == "[nan, 0.50]"
     from replication.core import paper
 
     fit = noise.fit_pairwise([1, 1, 1, 2, 2], [1, 1, 0, 1, 0])

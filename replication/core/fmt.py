@@ -3,7 +3,9 @@ import numpy as np
 
 
 def number(x, digits: int = 2) -> str:
-    """A number for a table cell; 'inf' / '-inf' when unbounded (e.g. a noise with no signal)."""
+    """A number for a table cell; 'inf' / '-inf' when unbounded (e.g. a noise with no signal), 'nan' when undefined."""
+    if np.isnan(x):
+        return "nan"
     return f"{x:.{digits}f}" if np.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
