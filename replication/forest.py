@@ -10,6 +10,7 @@ against its own no-effect line and paper's effect, not the lengths of two rows.
 """
 import io
 import math
+import re
 from pathlib import Path
 
 from replication.core import files
@@ -17,6 +18,12 @@ from replication.core import files
 COLOURS = {"reproduced": "#1b7f3b", "partly": "#1f5fa8", "inconclusive": "#a86b00", "not reproduced": "#b3261e",
            "not tested": "#6b6b6b"}
 NAME = "forest_plot"
+
+
+def short_claim(claim: str) -> str:
+    """A claim without its bracketed task-and-judge qualifiers ("... [2d sums; judge: ...]"), which the ledger keeps:
+    the row label keeps the claim itself within its width."""
+    return re.sub(r"\s*\[[^\]]*\]", "", claim).strip()
 
 
 def rows(claims) -> list:
@@ -31,7 +38,7 @@ def rows(claims) -> list:
         est = c.get("estimate")
         est = (est - null) * sign if est is not None else (lo + hi) / 2
         seeds = [(x - null) * sign for x in (c.get("seed_differences") or [])]
-        label = f"{c.get('notebook', '')[:2]} {c['claim']}"
+        label = f"{c.get('notebook', '')[:2]} {short_claim(c['claim'])}"
         out.append({"label": label if len(label) <= 70 else label[:69] + "…", "verdict": c["verdict"],
                     "low": lo, "high": hi, "estimate": est, "interval": list(c["interval"]), "seeds": seeds if len(seeds) > 1 else [],
                     "effect": c.get("effect")})
