@@ -84,10 +84,12 @@ def plot(claims, out_dir: Path) -> list:
                if any(r["verdict"] == v for r in data)]
     handles += [plt.Line2D([], [], ls="", marker="o", mfc="none", mec="black", label="one training seed"),
                 plt.Line2D([], [], ls="", marker="D", color="black", label="paper's effect")]
-    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.45, -0.45 / (0.28 * len(data) + 1.4)),
-              ncol=len(handles), frameon=False)
     ax.set_title(f"Every comparative claim of the workbook ({len(data)}): estimate, 95% interval, seeds", fontsize=10)
     fig.tight_layout()
+    # below the figure's lower edge, under the axis label whatever the number of rows (the tight bounding box of
+    # savefig takes it in)
+    fig.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(handles),
+               frameon=False)
     written = []
     for ext in ("png", "pdf"):  # written atomically, without timestamps (the same ledger gives the same bytes)
         buf = io.BytesIO()
