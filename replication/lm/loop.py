@@ -78,8 +78,12 @@ class RunFolder:
                 old.unlink()
         return path
 
+    def checkpoints(self) -> dict:
+        """The kept checkpoints by step (completed steps), oldest first."""
+        return {int(p.stem.split("_")[1]): p for p in sorted((self.path / "checkpoints").glob("step_*.pt"))}
+
     def latest(self):
-        ckpts = sorted((self.path / "checkpoints").glob("step_*.pt"))
+        ckpts = list(self.checkpoints().values())
         return ckpts[-1] if ckpts else None
 
     def restore(self, model, optimizer) -> dict:
@@ -87,15 +91,21 @@ class RunFolder:
         path = self.latest()
         if path is None:
             return {"step": 0, "extra": {}}
-        state = torch.load(path, weights_only=False)
-        params = trainable(model)
-        with torch.no_grad():
-            for n, w in state["weights"].items():
-                params[n].copy_(w)
+        state = load_weights(model, path)
         optimizer.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"])
         files.write_text(self.log_path, "".join(json.dumps(r) + "\n" for r in self.rows() if r["step"] < state["step"]))
         return state
+
+
+@torch.no_grad()
+def load_weights(model, path) -> dict:
+    """Put a checkpoint's trainable weights into the model (nothing else of the run is restored); its whole state."""
+    state = torch.load(path, weights_only=False)
+    params = trainable(model)
+    for n, w in state["weights"].items():
+        params[n].copy_(w)
+    return state
 
 
 def run(step_fn, num_steps: int, model, optimizer, folder: RunFolder = None, state: dict = None,

@@ -10,7 +10,6 @@ those draws (the same random stream as mae.collect, from the run's final pool), 
 the base model's sampled accuracy on the same questions, and `trace` scores each iteration's adapter (the run keeps
 every checkpoint with keep=None) on one fixed set of questions, greedy and sampled."""
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -67,20 +66,12 @@ def against_base(result: dict, cfg: "mae.MAEConfig", base_rates: pd.DataFrame) -
 
 def checkpoints(folder) -> dict:
     """{iterations done: checkpoint path} of a run folder (step_000003.pt: the adapter after 3 updates)."""
-    return {int(p.stem.split("_")[1]): p for p in sorted((Path(folder) / "checkpoints").glob("step_*.pt"))}
+    return loop.RunFolder(folder).checkpoints()
 
 
 def has_every_checkpoint(folder, iterations: int) -> bool:
     """True when the run folder kept the adapter of every iteration (trained with keep=None)."""
     return set(range(1, iterations + 1)) <= set(checkpoints(folder))
-
-
-@torch.no_grad()
-def load_step(model, path) -> None:
-    """Put a checkpoint's trainable weights into the active adapter (nothing else of the run is restored)."""
-    params = loop.trainable(model)
-    for n, w in torch.load(path, weights_only=False)["weights"].items():
-        params[n].copy_(w)
 
 
 def trace(model, tok, folder, problems, shots, max_new_tokens: int, temperature: float, batch_size: int = 16,
@@ -92,7 +83,7 @@ def trace(model, tok, folder, problems, shots, max_new_tokens: int, temperature:
     rows = []
     for it in [0, *sorted(steps)]:
         if it:
-            load_step(model, steps[it])
+            loop.load_weights(model, steps[it])
             ctx = torch.no_grad()
         else:
             ctx = model.disable_adapter()
