@@ -98,6 +98,8 @@ def kept_rows(path: Path, stems, ran) -> dict:
             continue
         cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
         stem = cells[1] if section == "figures" and len(cells) > 1 else cells[0]
+        if section == "times" and len(cells) == 3 + len(PHASE_COLUMNS):   # an index written before the reused column
+            line = "| " + " | ".join([*cells[:3], "-", *cells[3:]]) + " |"
         if stem in stems and stem not in ran:
             kept[section].setdefault(stem, []).append(line)
     return kept
@@ -152,7 +154,7 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
             cells[1] = f"[{cells[1]}](ledger.md#{anchors[id(c)]})"
             rows["claims"].append("| " + " | ".join(cells) + " |")
         prof = r.get("phases_s") or {}
-        rows["times"].append(f"| {r['notebook']} | {r['seed']} | {r['wall_time_s']} | "
+        rows["times"].append(f"| {r['notebook']} | {r['seed']} | {r['wall_time_s']} | {reused_cell(r.get('reused_s'))} | "
                              + " | ".join(f"{prof[k]:.0f}" if k in prof else "-" for k in PHASE_COLUMNS) + " |")
     out_dir = index_path(profile, name).parent
     plotted = forest.plot(claims, out_dir)
@@ -172,9 +174,21 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
              "|" + "---|" * len(LEDGER_COLUMNS), *(rows["claims"] or ["| (no claims recorded yet) |" + " |" * (len(LEDGER_COLUMNS) - 1)]),
              "", "## Figures", "", "| figure | notebook | caption |", "|---|---|---|", *rows["figures"],
              "", "Wall time and where it went (seconds by phase, `phases_s` in each notebook's metrics; a cached step "
-             "costs nothing):", "", "| notebook | seed | wall time (s) | " + " | ".join(PHASE_COLUMNS) + " |",
-             "|---|---|---|" + "---|" * len(PHASE_COLUMNS), *rows["times"]]
+             "costs nothing there). A notebook resumed from its cache did only part of its work in this execution: "
+             "`reused` is what the cached results it loaded took when they were made (`reused_s`; '+ k untimed': k of "
+             "them were made before times were recorded, so the sum is a lower bound; '-': not recorded):", "",
+             "| notebook | seed | wall time (s) | reused (s) | " + " | ".join(PHASE_COLUMNS) + " |",
+             "|---|---|---|---|" + "---|" * len(PHASE_COLUMNS), *rows["times"]]
     return files.write_text(index_path(profile, name), "\n".join(lines) + "\n")
+
+
+def reused_cell(reused) -> str:
+    """The index's `reused` cell: the seconds the cached results a notebook loaded took when they were made, with how
+    many carry no recorded time; '-' for a record written before it was kept."""
+    if not reused:
+        return "-"
+    untimed = f" + {reused['untimed']} untimed" if reused.get("untimed") else ""
+    return f"{reused['seconds']:.0f}{untimed}"
 
 
 # ---- the HTML report: offline, with figures and a marked ledger -------------------------------------

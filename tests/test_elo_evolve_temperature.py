@@ -97,7 +97,7 @@ def test_fork_starts_a_degraded_run_from_its_twin_as_if_trained_from_the_start(t
     forked = loop.RunFolder(tmp_path / "forked")
     assert evolve.fork(twin, forked, 2)
     assert not evolve.fork(twin, forked, 2)                   # it has a checkpoint now: nothing is copied again
-    assert [r["step"] for r in forked.rows()] == [0, 1]
+    assert [r["step"] for r in forked.rows()] == [0, 1] and forked.copied() == 2   # the twin's steps, not its own
     rows_f, judge_f, model_f = tiny_run("elo", steps=4, folder=forked, degrade_step=2, save_every=2)
     assert len(judge_f.seen) == 2                             # only the steps after the fork were run
     rows_s, _, model_s = tiny_run("elo", steps=4, folder=loop.RunFolder(tmp_path / "straight"), degrade_step=2, save_every=2)

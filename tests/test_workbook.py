@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import nbformat
 import pytest
+import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
 from replication import workbook
@@ -161,3 +162,46 @@ def test_grpo_steps_fill_the_training_phases(tiny):
     assert prof["generation for training"] > 0 and prof["update"] > 0 and prof["reward scoring"] > 0
     assert prof["generation for evaluation"] == 0
     phases.reset()
+
+
+def test_a_resumed_notebook_tallies_what_its_cached_results_took_when_made(tmp_path):
+    """A cache hit counts its recorded making time once; an entry made before times were kept counts as untimed;
+    a training run resumed past k steps counts those steps' seconds, and copied steps (a fork) are not counted
+    again."""
+    from replication.core import cache, phases
+    from replication.lm import loop
+
+    phases.reset()
+    cache.cached(tmp_path, "made", {"k": 1}, lambda: time.sleep(0.05) or [1, 2])   # a miss: made here
+    assert phases.reused_profile() == {"entries": 0, "seconds": 0.0, "untimed": 0}
+    assert cache.cached(tmp_path, "made", {"k": 1}, lambda: pytest.fail("made twice")) == [1, 2]
+    assert phases.reused_profile()["entries"] == 1 and phases.reused_profile()["seconds"] >= 0.05
+    cache.store(cache.path_for(tmp_path, "old", {"k": 2}), {"k": 2}, [3])   # an entry with no recorded time
+    cache.cached(tmp_path, "old", {"k": 2}, lambda: pytest.fail("made twice"))
+    assert phases.reused_profile()["untimed"] == 1 and phases.reused_profile()["entries"] == 2
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    folder = loop.RunFolder(tmp_path / "run")
+    step = lambda i, state: {"wall_s": 2.0 + i}
+    loop.run(step, 3, model, opt, folder, save_every=1, progress=False)
+    phases.reset()
+    loop.run(step, 3, model, opt, folder, save_every=1, progress=False)          # finished: 2 + 3 + 4 s reused
+    assert phases.reused_profile() == {"entries": 1, "seconds": 9.0, "untimed": 0}
+    phases.reset()
+    folder.mark_copied(2, "twin")                                                  # steps 0-1 were the twin's
+    loop.run(step, 3, model, opt, folder, save_every=1, progress=False)
+    assert phases.reused_profile() == {"entries": 1, "seconds": 4.0, "untimed": 0}
+    phases.reset()
+    untimed = loop.RunFolder(tmp_path / "untimed")
+    loop.run(lambda i, state: {"x": i}, 2, model, opt, untimed, progress=False)
+    assert all(r["wall_s"] >= 0 for r in untimed.rows())                          # the loop times its own steps
+    phases.reset()
+
+
+def test_the_index_shows_what_a_resumed_notebook_reused():
+    from replication import report
+
+    assert report.reused_cell(None) == "-"
+    assert report.reused_cell({"entries": 3, "seconds": 1234.4, "untimed": 0}) == "1234"
+    assert report.reused_cell({"entries": 3, "seconds": 10.0, "untimed": 2}) == "10 + 2 untimed"

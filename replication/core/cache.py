@@ -7,9 +7,10 @@ records), or anything torch.save can write (tensors, state dicts), chosen by wha
 """
 import hashlib
 import json
+import time
 from pathlib import Path
 
-from . import files
+from . import files, phases
 
 
 def _plain(x):
@@ -58,8 +59,9 @@ def load(path: Path, key):
     return value, "ok"
 
 
-def store(path: Path, key, value) -> str:
-    """Write value and its meta (key, kind, checksum) atomically; the meta goes last, so a torn write reads as missing."""
+def store(path: Path, key, value, seconds: float = None) -> str:
+    """Write value and its meta (key, kind, checksum, and `seconds`: how long it took to make) atomically; the meta
+    goes last, so a torn write reads as missing."""
     import pandas as pd
 
     if isinstance(value, pd.DataFrame):
@@ -79,19 +81,25 @@ def store(path: Path, key, value) -> str:
     path.mkdir(parents=True, exist_ok=True)
     (path / "meta.json").unlink(missing_ok=True)
     files.write_bytes(path / name, data)
-    files.write_json(path / "meta.json", {"key": key, "kind": kind, "file": name, "sha256": _sha(data)})
+    meta = {"key": key, "kind": kind, "file": name, "sha256": _sha(data)}
+    if seconds is not None:
+        meta["seconds"] = round(float(seconds), 2)
+    files.write_json(path / "meta.json", meta)
     return kind
 
 
 def cached(folder, name: str, key, make, log=print):
-    """make()'s value, computed once per key and reloaded afterwards (see the module docstring)."""
+    """make()'s value, computed once per key and reloaded afterwards (see the module docstring). A reloaded value
+    counts its making time to the phase profile's reused tally (phases.reused)."""
     path = path_for(folder, name, key)
     value, status = load(path, key)
     if status == "ok":
+        phases.reused(files.read_json(path / "meta.json").get("seconds"))
         return value
     if status != "missing" and log:
         log(f"cache {name}: rebuilt ({status})")
+    t0 = time.perf_counter()
     value = make()
-    if store(path, key, value) == "json":  # hand back exactly what a later load returns (tuples as lists...)
+    if store(path, key, value, seconds=time.perf_counter() - t0) == "json":  # hand back exactly what a later load returns (tuples as lists...)
         value = json.loads(json.dumps(value, default=_plain))
     return value

@@ -5,7 +5,9 @@ its reward call reward scoring, its scoring and backward passes the update (trai
 papers' held-out chains and arguments generation for evaluation; the judges judging; MALT's trees tree/chain
 building; SFT and DPO the update; the bootstraps and savefig statistics and plotting. Time is counted once, in the
 innermost phase (a judge called inside a reward is judging, not reward scoring); what no phase covers (model loading,
-data, tables) is `other` (`profile(wall)`). Cached steps that are skipped cost nothing and show nothing.
+data, tables) is `other` (`profile(wall)`). Cached steps that are skipped cost nothing here; the time they took when
+they were made (recorded with the cache entry or in a training run's log) is tallied apart (`reused`, `reused_profile`),
+so that a notebook resumed from its cache says how much of its work this execution did not redo.
 """
 import functools
 import time
@@ -15,6 +17,7 @@ PHASES = ("generation for training", "generation for evaluation", "judging", "re
           "tree/chain building", "statistics and plotting")
 _totals: dict = {}
 _stack: list = []   # [name, seconds so far, running since]
+_reused = {"entries": 0, "seconds": 0.0, "untimed": 0}   # cached results loaded instead of made, and what they cost
 
 
 @contextmanager
@@ -53,6 +56,23 @@ def reset() -> None:
     """Start counting afresh (workbook.start: one notebook per kernel)."""
     _totals.clear()
     _stack.clear()
+    _reused.update(entries=0, seconds=0.0, untimed=0)
+
+
+def reused(seconds) -> None:
+    """Count one cached result loaded instead of made: `seconds`, the time it took when it was made (None: made
+    before times were recorded)."""
+    _reused["entries"] += 1
+    if seconds is None:
+        _reused["untimed"] += 1
+    else:
+        _reused["seconds"] += float(seconds)
+
+
+def reused_profile() -> dict:
+    """The cached results this execution loaded: how many, the seconds they took when made, and how many of them
+    carry no recorded time (so the seconds are a lower bound)."""
+    return {"entries": _reused["entries"], "seconds": round(_reused["seconds"], 2), "untimed": _reused["untimed"]}
 
 
 def profile(wall: float) -> dict:

@@ -3,17 +3,20 @@
 Every trainer of the workbook (GRPO, RLPR's filtered GRPO, Elo-Evolve, MAE) is a step function on
 `run(...)`: the loop alone restores the latest checkpoint (trainable weights, optimizer, RNG states and the
 loop's own state), logs one row per step, checkpoints every `save_every` steps and after the last one,
-marks the run done, and on a finished run loads its final weights and returns what it logged.
+marks the run done, and on a finished run loads its final weights and returns what it logged. Each logged row
+has the step's wall seconds (`wall_s`, the step function's own where it reports one); the steps a run resumes past
+count, with those seconds, to the notebook's reused tally (core.phases.reused).
 """
 import json
 import random
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from replication.core import config, files
+from replication.core import config, files, phases
 
 
 def trainable(model) -> dict:
@@ -53,6 +56,16 @@ class RunFolder:
 
     def mark_done(self, summary: dict) -> None:
         files.write_json(self.path / "done.json", summary)
+
+    def mark_copied(self, steps: int, source: str) -> None:
+        """Record that the first `steps` steps of this run's log were copied from another run (named `source`), so
+        their time is that run's, not this one's."""
+        files.write_json(self.path / "copied.json", {"steps": steps, "from": source})
+
+    def copied(self) -> int:
+        """How many steps at the start of the log were copied from another run (mark_copied); 0 if none."""
+        path = self.path / "copied.json"
+        return int(files.read_json(path)["steps"]) if path.is_file() else 0
 
     def log(self, row: dict) -> None:
         with self.log_path.open("a") as f:
@@ -125,11 +138,17 @@ def run(step_fn, num_steps: int, model, optimizer, folder: RunFolder = None, sta
         start = restored["step"]
         state.update(restored["extra"] or {})
         rows = folder.rows()
+        if start > folder.copied():   # steps trained by an earlier execution: their time was spent then
+            spent = [r.get("wall_s") for r in rows if folder.copied() <= r["step"] < start]
+            phases.reused(None if None in spent else sum(spent))
         if folder.done and start >= num_steps:
             return rows, state
     bar = tqdm(range(start, num_steps), initial=start, total=num_steps, desc=desc, disable=not progress)
     for step in bar:
+        t0 = time.perf_counter()
         row = {"step": step, **step_fn(step, state)}
+        if folder is not None:
+            row.setdefault("wall_s", time.perf_counter() - t0)
         rows.append(row)
         if postfix is not None:
             bar.set_postfix(postfix(row))

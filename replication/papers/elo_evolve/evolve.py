@@ -197,6 +197,7 @@ def fork(source, target, step: int) -> bool:
     tmp = target.path / "checkpoints" / f"step_{step:06d}.tmp"
     shutil.copyfile(ckpt, tmp)
     files.write_text(target.log_path, "".join(json.dumps(r) + "\n" for r in rows))
+    target.mark_copied(step, source.path.name)
     tmp.replace(tmp.with_suffix(".pt"))
     return True
 
