@@ -33,30 +33,36 @@ def path_for(folder, name: str, key) -> Path:
 
 def load(path: Path, key):
     """(value, 'ok') if the entry at path is intact and made for key; else (None, why not)."""
+    value, status, _ = _load(path, key)
+    return value, status
+
+
+def _load(path: Path, key):
+    """load's (value, status) and the entry's meta (None unless intact), read once."""
     meta_path = path / "meta.json"
     if not meta_path.is_file():
-        return None, "missing"
+        return None, "missing", None
     try:
         meta = files.read_json(meta_path)
         data = (path / meta["file"]).read_bytes()
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return None, f"unreadable ({type(e).__name__})"
+        return None, f"unreadable ({type(e).__name__})", None
     if meta.get("key") != json.loads(json.dumps(key, default=files._jsonable)):
-        return None, "made for a different key"
+        return None, "made for a different key", None
     if meta.get("sha256") != _sha(data):
-        return None, "contents do not match their checksum"
+        return None, "contents do not match their checksum", None
     if meta["kind"] == "torch":
         import io
 
         import torch
 
-        return torch.load(io.BytesIO(data), weights_only=False), "ok"
+        return torch.load(io.BytesIO(data), weights_only=False), "ok", meta
     value = json.loads(data)
     if meta["kind"] == "frame":
         import pandas as pd
 
         value = pd.DataFrame(value)
-    return value, "ok"
+    return value, "ok", meta
 
 
 def store(path: Path, key, value, seconds: float = None) -> str:
@@ -92,9 +98,9 @@ def cached(folder, name: str, key, make, log=print):
     """make()'s value, computed once per key and reloaded afterwards (see the module docstring). A reloaded value
     counts its making time to the phase profile's reused tally (phases.reused)."""
     path = path_for(folder, name, key)
-    value, status = load(path, key)
+    value, status, meta = _load(path, key)
     if status == "ok":
-        phases.reused(files.read_json(path / "meta.json").get("seconds"))
+        phases.reused(meta.get("seconds"))
         return value
     if status != "missing" and log:
         log(f"cache {name}: rebuilt ({status})")

@@ -138,8 +138,9 @@ def run(step_fn, num_steps: int, model, optimizer, folder: RunFolder = None, sta
         start = restored["step"]
         state.update(restored["extra"] or {})
         rows = folder.rows()
-        if start > folder.copied():   # steps trained by an earlier execution: their time was spent then
-            spent = [r.get("wall_s") for r in rows if folder.copied() <= r["step"] < start]
+        copied = folder.copied()
+        if start > copied:   # steps trained by an earlier execution: their time was spent then
+            spent = [r.get("wall_s") for r in rows if copied <= r["step"] < start]
             phases.reused(None if None in spent else sum(spent))
         if folder.done and start >= num_steps:
             return rows, state
