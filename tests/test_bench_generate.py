@@ -69,3 +69,18 @@ def test_decode_drops_finished_rows_and_gives_generates_tokens(tiny, temperature
         lengths = generation.completion_mask(plain, end).sum(1)
         assert lengths.min() < lengths.max()                   # rows leave the batch at different steps
         assert torch.equal(ours, plain)
+
+
+@pytest.mark.parametrize("argv, says", [(["grpo", "--device", "cuda"], "allowed only with generate and update"),
+                                        (["generate", "--device", "tpu"], "device='tpu' is not allowed"),
+                                        (["generate", "--device", "cuda:99"], "is not allowed here")])
+def test_bench_device_option_refuses_in_one_line(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert says in err and "device" in err
+
+
+def test_matmul_peak_on_the_cpu_device():
+    assert bench.matmul_peak(n=64, reps=2, device="cpu") > 0

@@ -47,15 +47,18 @@ CONFIGS = {
 }
 
 
-def matmul_peak(n: int = 2048, reps: int = 10, dtype: str = "float32") -> float:
-    """Achieved FLOP/s of a square matmul in `dtype` on this machine (the best of `reps`, after three warm-ups)."""
-    a, b = torch.randn(n, n).to(getattr(torch, dtype)), torch.randn(n, n).to(getattr(torch, dtype))
+def matmul_peak(n: int = 2048, reps: int = 10, dtype: str = "float32", device: str = "cpu") -> float:
+    """Achieved FLOP/s of a square matmul in `dtype` on `device` (the best of `reps`, after three warm-ups)."""
+    a, b = (torch.randn(n, n).to(device=device, dtype=getattr(torch, dtype)) for _ in range(2))
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for _ in range(3):
         a @ b
     best = float("inf")
     for _ in range(reps):
+        sync()
         t0 = time.perf_counter()
         a @ b
+        sync()
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
 
@@ -219,11 +222,12 @@ def update_phase(model_name: str, cfg: dict, reps: int, dtypes=("float32", "bflo
     model = models.add_lora(model, r=LORA_R, alpha=2 * LORA_R)
     G, T = cfg["group_size"], cfg["max_new_tokens"]
     texts = models.chat_prompts(tok, [p.prompt() for p in problems(cfg)])
-    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    dev = models.device_of(model)
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(dev)
     p_ids, p_mask = enc["input_ids"].repeat_interleave(G, 0), enc["attention_mask"].repeat_interleave(G, 0)
-    c_ids = torch.randint(0, len(tok), (len(p_ids), T))
-    batch = Rollout(p_ids, p_mask, c_ids, torch.ones_like(c_ids), [""] * len(p_ids), torch.randn(len(p_ids)), G)
-    batch.advantages = torch.randn(len(p_ids))
+    c_ids = torch.randint(0, len(tok), (len(p_ids), T)).to(dev)
+    batch = Rollout(p_ids, p_mask, c_ids, torch.ones_like(c_ids), [""] * len(p_ids), torch.randn(len(p_ids)).to(dev), G)
+    batch.advantages = torch.randn(len(p_ids)).to(dev)
     trainers = {d: grpo.GRPOTrainer(model, tok, None, grpo.GRPOConfig(num_generations=G, max_new_tokens=T, lr=1e-5,
                                                                       kl_beta=cfg["kl_beta"], update_dtype=d))
                 for d in dtypes}
@@ -232,9 +236,13 @@ def update_phase(model_name: str, cfg: dict, reps: int, dtypes=("float32", "bflo
         with torch.no_grad(), t.precision(), model.disable_adapter():
             batch.ref_logps = t._logps(batch) if cfg["kl_beta"] > 0 else None
 
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
     def clocked(fn, t):  # wall seconds, and this process's CPU seconds (all threads): steadier on a shared machine
+        sync()
         t0, c0 = time.perf_counter(), time.process_time()
         fn(t)
+        sync()
         return time.perf_counter() - t0, time.process_time() - c0
 
     out = {f"{kind}{clock}": {d: [] for d in dtypes} for kind in ("scoring", "update") for clock in ("", "_cpu")}
@@ -276,7 +284,7 @@ def plain_generate(model, tok, texts, max_new_tokens: int, batch_size: int = 16,
     out = []
     for b, i in enumerate(range(0, len(rows), batch_size)):
         torch.manual_seed(seed + b)
-        enc = tok(rows[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok(rows[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False).to(models.device_of(model))
         with torch.no_grad():
             seqs = model.generate(**enc, generation_config=cfg)
         completion = seqs[:, enc["input_ids"].shape[1]:]
@@ -306,9 +314,10 @@ def generation(model_name: str, n: int = 200, batch_size: int = 16) -> dict:
                      "ours_s": t1 - t0, "plain_s": t2 - t1, "same_greedy_outputs": (
                          ours_gen.completion_ids == plain if kw["temperature"] == 0 else None)}
     n_params = sum(p.numel() for p in model.parameters())
-    peak = matmul_peak(dtype="float32")
+    device = models.device_of(model)
+    peak = matmul_peak(dtype="float32", device=device)
     return {"workloads": out, "ceiling_tokens_per_s": peak / (2 * n_params), "matmul_peak_flops": peak,
-            "threads": torch.get_num_threads(), "n": n, "batch_size": batch_size}
+            "threads": torch.get_num_threads(), "n": n, "batch_size": batch_size, "device": str(device)}
 
 
 def main(argv=None) -> int:
@@ -324,13 +333,21 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="both", choices=[*CONFIGS, "both"])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    ap.add_argument("--device", default="cpu", help="generate and update: cpu (default), auto, cuda or cuda:N")
     ap.add_argument("--no-trl-bf16", action="store_true", help="skip TRL's bf16 row (it is slower than fp32 on this CPU)")
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error(f"--reps {args.reps} is not allowed; it must be >= 1")
+    if args.device != "cpu":
+        if args.what not in ("generate", "update"):
+            ap.error(f"--device {args.device} is allowed only with generate and update (grpo and parallel run on the CPU)")
+        try:
+            models.use_device(args.device)
+        except ValueError as e:
+            ap.error(str(e))
     if args.what == "generate":
         r = generation(args.model, args.n, args.batch_size)
-        print(f"{r['threads']} threads, batch {r['batch_size']}; ceiling at the fp32 matmul peak "
+        print(f"{r['device']}, {r['threads']} threads, batch {r['batch_size']}; ceiling at the fp32 matmul peak "
               f"({r['matmul_peak_flops'] / 1e9:.0f} GFLOP/s): {r['ceiling_tokens_per_s']:.0f} tokens/s")
         for name, w in r["workloads"].items():
             same = "" if w["same_greedy_outputs"] is None else f"; greedy outputs identical: {w['same_greedy_outputs']}"

@@ -94,19 +94,19 @@ def filtered_step(trainer, pool, batch_prompts: int, std_filter: StdFilter = Non
             return [q.chat(shots) for q in qs], [q.meta() for q in qs]
 
         def keep(rollout):
-            masks.append(std_filter.keep(rollout.group_std().numpy()))
+            masks.append(std_filter.keep(rollout.group_std().cpu().numpy()))
             return masks[-1]
 
         trainer.timer.seconds.clear()
         kept, made = trainer.collect(draw, batch_prompts, keep=keep if std_filter else None,
                                      max_rollouts=max_rollouts if std_filter else 1)
-        stds = np.concatenate([r.group_std().numpy() for r in made])
+        stds = np.concatenate([r.group_std().cpu().numpy() for r in made])
         extra = lambda name: [x for r in made for x in r.extras.get(name, [])]  # noqa: E731
         correct, raw = extra("correct"), extra("r")
         update = {}
         if kept is not None:
             update = {**trainer.update(kept), "update_std_mean": float(kept.group_std().mean()),
-                      "zero_std_updated": float(np.isclose(kept.group_std().numpy(), 0.0).mean())}
+                      "zero_std_updated": float(np.isclose(kept.group_std().cpu().numpy(), 0.0).mean())}
         n_kept = int(sum(m.sum() for m in masks)) if std_filter else len(stds)
         if std_filter is not None:
             std_filter.observe(step, float(stds.mean()))
