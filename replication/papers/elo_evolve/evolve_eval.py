@@ -2,7 +2,7 @@
 static opponent's rule, training an arm and judging its greedy replies against a reference, the health checks an
 arm must pass, the per-arm records and summaries over training seeds, paired differences, the length-controlled
 difference, the policy's rating rise, and the paper's Tables 1-2. Every interval comes from replication.core.stats;
-over training seeds it resamples the seeds, then the questions (or prompts) within each seed."""
+over training seeds it joins a t interval between seeds with a bootstrap of the questions (or prompts)."""
 import numpy as np
 
 from replication.core import config, files, fmt, paper, stats, verdicts
@@ -171,7 +171,7 @@ def _lc(p, words_, ref_words):
 def lc_win_rates(a, b=None, n_boot: int = 1000, seed: int = 0) -> dict:
     """The length-controlled win rate of arm a over training seeds, or, given b, a's minus b's on the same questions
     and seeds: stats.lc_win_rate (a GLM fitted per arm and seed) per seed, their mean, and the 95% interval of
-    stats.nested_bootstrap (the seeds, then the questions within each drawn seed, paired for a and b), refitting the
+    stats.nested_bootstrap (between seeds a t interval, within a bootstrap of the questions, paired for a and b), refitting the
     GLMs on every draw: the GLM has no per-question value for stats.two_level_bootstrap.
     a, b: judge_heldout tables, one or a list per training seed (b may be one table, e.g. the base model)."""
     ta = arms.by_seed(a)

@@ -94,9 +94,9 @@ def finite_mean(values) -> float:
 
 def over_draws(statistic, table: pd.DataFrame, columns, n_boot: int = 1000, seed: int = 0, alpha: float = 0.05) -> dict:
     """statistic(*columns) of each draw of sampled replies and its mean over the draws, with a 95% interval that
-    covers both sources of spread: each resample draws the draws with replacement, then within each drawn draw its
-    questions (qid, whole, with replacement), and averages the statistic over the drawn draws: the scheme of
-    stats.two_level_bootstrap (draws as seeds) for any statistic, e.g. an AUC; with one draw it is stats.bootstrap
+    covers both sources of spread: a t interval from the spread between draws joined with a bootstrap of each
+    draw's questions (qid, whole, with replacement), the statistic averaged over the draws (stats.nested_bootstrap,
+    the scheme of stats.two_level_bootstrap with draws as seeds) for any statistic, e.g. an AUC; with one draw it is stats.bootstrap
     over questions. A draw whose statistic is not finite (no replies, or replies of one class: no AUC) is left out;
     non-finite resamples are ignored. Returns estimate, ci95, per_draw (nan: left out), draws (used) and n."""
     parts = draws(table)
