@@ -47,10 +47,15 @@ CONFIGS = {
 }
 
 
+def synchronizer(device):
+    """A call that waits for `device`'s queued work (CUDA kernels run asynchronously), so a timer around it is true."""
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+
 def matmul_peak(n: int = 2048, reps: int = 10, dtype: str = "float32", device: str = "cpu") -> float:
     """Achieved FLOP/s of a square matmul in `dtype` on `device` (the best of `reps`, after three warm-ups)."""
     a, b = (torch.randn(n, n).to(device=device, dtype=getattr(torch, dtype)) for _ in range(2))
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    sync = synchronizer(device)
     for _ in range(3):
         a @ b
     best = float("inf")
@@ -236,7 +241,7 @@ def update_phase(model_name: str, cfg: dict, reps: int, dtypes=("float32", "bflo
         with torch.no_grad(), t.precision(), model.disable_adapter():
             batch.ref_logps = t._logps(batch) if cfg["kl_beta"] > 0 else None
 
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    sync = synchronizer(dev)
 
     def clocked(fn, t):  # wall seconds, and this process's CPU seconds (all threads): steadier on a shared machine
         sync()
