@@ -33,6 +33,33 @@ def test_references_in_another_form_are_missed_by_the_verifier_and_accepted_by_t
     assert all(answers.score_reply(f"The answer is {int(q.value)}.", q)["verified"] for q in digits_only)
 
 
+def test_the_stated_answer_against_the_replys_own_working():
+    assert answers.answer_vs_work("12 + 58 = 70. The answer is 18.", 70) == {
+        "stated": 18.0, "worked": 70.0, "follows": False, "worked_right": True}
+    assert answers.answer_vs_work("9 - 4 = 5. 5 * 3 = 14. The answer is fourteen.", 15) == {
+        "stated": 14.0, "worked": 14.0, "follows": True, "worked_right": False}   # the last equation, words parsed
+    assert answers.worked_result("The answer is 70. 1 + 1 = 2.") is None        # working after the answer is not working
+    assert answers.answer_vs_work("The answer is 70.", 70)["follows"] is None    # no working: neither follows nor not
+    assert answers.answer_vs_work("12 + 58 = 70.", 70) == {"stated": None, "worked": None, "follows": None,
+                                                             "worked_right": None}   # no answer span
+
+
+def test_answer_follows_work_per_arm_and_seed_against_a_hand_count():
+    qs = [answers.Question(f"q{i}", "arithmetic", "?", str(v), (str(v),), float(v)) for i, v in enumerate((70, 30, 11))]
+    def table(replies):
+        return pd.DataFrame({"qid": [q.id for q in qs], "reply": replies,
+                             "correct": [answers.is_correct(r, q.aliases, q.value) for r, q in zip(replies, qs)]})
+    base = table(["60 + 10 = 70. The answer is 70.", "20 + 10 = 31. The answer is 31.", "The answer is 11."])
+    drifted = table(["60 + 10 = 70. The answer is 18.", "20 + 10 = 30. The answer is 4.", "5 + 6 = 11. The answer is 11."])
+    got = rlpr_training.answer_follows_work({"base": base, "rlpr": [base, drifted]}, qs, seeds=[7, 8])
+    assert got.index.tolist()[1:] == [("rlpr", 7), ("rlpr", 8)]
+    assert got.index[0][0] == "base" and pd.isna(got.index[0][1])   # the base model has no training seed
+    assert got.loc[("rlpr", 8)].to_dict() == pytest.approx(
+        {"accuracy": 1 / 3, "worked_right": 1.0, "follows": 1 / 3, "with_both": 1.0})
+    assert got.loc[("rlpr", 7)].to_dict() == pytest.approx(
+        {"accuracy": 2 / 3, "worked_right": 1 / 3, "follows": 1.0, "with_both": 2 / 3})
+
+
 def test_verifier_misses_against_a_hand_count():
     rows = [("q1", "digits", True, True), ("q1", "digits", True, True), ("q1", "digits", False, False),
             ("q2", "words", True, False), ("q2", "words", True, False), ("q2", "words", False, False),

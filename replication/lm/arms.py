@@ -134,8 +134,9 @@ def compare(a: str, b: str, tables: dict, records: dict, column: str = "correct"
     such as the base model: one table, paired with every seed); records: arm -> record() or a list of them.
 
     The interval is stats.two_level_bootstrap's over the seeds x questions paired differences (between seeds a t
-    interval from the per-seed means, within a bootstrap of the shared questions); beside it the per-seed differences, the probability of improvement over the per-seed means
-    (stats.probability_of_improvement) and run.claim's `basis`: interval, estimate, per-seed differences (one seed
+    interval from the per-seed means, within a bootstrap of the shared questions); beside it the per-seed
+    differences, the probability of improvement over the per-seed means (stats.probability_of_improvement) and
+    run.claim's `basis`: interval, estimate, per-seed differences (one seed
     caps the verdict at 'inconclusive (one run)') and any failed health check, reported beside the verdict (a
     failed arm's comparison is still measured and judged). unit: what a repeat is, in n and the health text
     ('seed'; 'draw' for draws of sampled replies without training)."""

@@ -171,8 +171,8 @@ def _lc(p, words_, ref_words):
 def lc_win_rates(a, b=None, n_boot: int = 1000, seed: int = 0) -> dict:
     """The length-controlled win rate of arm a over training seeds, or, given b, a's minus b's on the same questions
     and seeds: stats.lc_win_rate (a GLM fitted per arm and seed) per seed, their mean, and the 95% interval of
-    stats.nested_bootstrap (between seeds a t interval, within a bootstrap of the questions, paired for a and b), refitting the
-    GLMs on every draw: the GLM has no per-question value for stats.two_level_bootstrap.
+    stats.nested_bootstrap (between seeds a t interval, within a bootstrap of the questions, paired for a and b),
+    refitting the GLMs on every draw: the GLM has no per-question value for stats.two_level_bootstrap.
     a, b: judge_heldout tables, one or a list per training seed (b may be one table, e.g. the base model)."""
     ta = arms.by_seed(a)
     tb = None if b is None else arms.by_seed(b)

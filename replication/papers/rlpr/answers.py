@@ -124,6 +124,30 @@ def is_correct(text: str, aliases, value=None) -> bool:
     return any(f" {_norm(x)} " in a for x in aliases if _norm(x))
 
 
+_EQUATION = re.compile(r"=\s*(-?\d+(?:\.\d+)?)")
+
+
+def worked_result(text: str):
+    """The number the reply's own working reached: the right-hand side of its last "= N" before the answer span (the
+    worked examples write "12 + 58 = 70. The answer is 70."); None without an answer span or an equation before it."""
+    span = locate_answer(text)
+    if span is None:
+        return None
+    found = _EQUATION.findall(text[:span[0]])
+    return float(found[-1]) if found else None
+
+
+def answer_vs_work(text: str, value) -> dict:
+    """Does the stated answer follow the reply's own working? stated: the answer span's number; worked: worked_result;
+    follows: stated == worked; worked_right: worked == value (None where a number is missing)."""
+    span = locate_answer(text)
+    stated = parse_number(text[span[0]:span[1]]) if span else None
+    worked = worked_result(text)
+    return {"stated": stated, "worked": worked,
+            "follows": None if stated is None or worked is None else stated == worked,
+            "worked_right": None if worked is None else worked == float(value)}
+
+
 def score_reply(text: str, question) -> dict:
     """The three rule-based scores of one reply to a Question: lenient oracle, exact-match verifier, format."""
     return {"correct": is_correct(text, question.aliases, question.value),

@@ -227,6 +227,29 @@ def arm_record(name: str, rows: pd.DataFrame, table: pd.DataFrame, base: pd.Data
                        **heldout_summary(table), vs_base={"difference": d[0], "ci95": [d[1], d[2]]})
 
 
+def answer_follows_work(tables: dict, questions, seeds) -> pd.DataFrame:
+    """Per arm and training seed (tables: arm -> one held-out table, or a list of them, one per seed), over the
+    held-out replies to questions with a numeric value: `accuracy` (lenient oracle), `worked_right` (the share whose
+    own working reached the right value, answers.worked_result) and `follows` (among replies with both an answer and
+    working, the share whose stated answer is the number their working reached). The probability reward scores the
+    reference in place of the reply's answer, so nothing in it ties the written answer to the working; the
+    verifier rewards read the written answer itself."""
+    value = {q.id: q.value for q in questions if q.value is not None}
+    rows = []
+    for arm, runs in tables.items():
+        runs = runs if isinstance(runs, list) else [runs]
+        for k, table in enumerate(runs):
+            t = table[table["qid"].isin(value)]
+            checks = pd.DataFrame([answers.answer_vs_work(r, value[q]) for r, q in zip(t["reply"], t["qid"])])
+            both = checks["follows"].dropna()
+            rows.append({"arm": arm, "seed": seeds[k] if len(runs) > 1 or arm != "base" else None,
+                         "accuracy": float(t["correct"].mean()),
+                         "worked_right": float(checks["worked_right"].fillna(False).astype(bool).mean()),
+                         "follows": float(both.astype(bool).mean()) if len(both) else float("nan"),
+                         "with_both": float(len(both) / len(t)) if len(t) else float("nan")})
+    return pd.DataFrame(rows).astype({"seed": "Int64"}).set_index(["arm", "seed"])
+
+
 def base_record(base: pd.DataFrame) -> dict:
     """The untrained base model as an arm (no steps, no samples; healthy by definition)."""
     return arms.record("base", base["correct"], **heldout_summary(base))
