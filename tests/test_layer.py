@@ -101,6 +101,20 @@ def test_loop_resumes_exactly_and_finished_runs_load_final_weights(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(weights(m1).values(), weights(m4).values()))
 
 
+def test_a_run_asked_for_fewer_steps_than_it_was_continued_to_answers_as_before_the_continuation(tmp_path):
+    m1, o1 = tiny()
+    folder = loop.RunFolder(tmp_path / "c")
+    rows1, state1 = loop.run(step_fn(m1, o1), 4, m1, o1, folder, save_every=2, progress=False)
+    w1 = weights(m1)
+    m2, o2 = tiny()   # a later call continues the same run (notebook 00: the pick's run goes on from the sweep's)
+    rows2, _ = loop.run(step_fn(m2, o2), 6, m2, o2, folder, save_every=2, progress=False)
+    assert len(rows2) == 6 and rows2[:4] == rows1
+    m3, o3 = tiny()   # the sweep asked again (a re-executed notebook): its 4 steps, weights and state, not the 6 steps'
+    rows3, state3 = loop.run(lambda i, s: pytest.fail("a finished run must not step"), 4, m3, o3, folder, progress=False)
+    assert rows3 == rows1 and state3 == state1 == {"count": 4, "seen": [0, 1, 2, 3]}
+    assert all(torch.equal(a, b) for a, b in zip(w1.values(), weights(m3).values()))
+
+
 def test_loop_keeps_only_the_newest_checkpoints(tmp_path):
     m, o = tiny()
     folder = loop.RunFolder(tmp_path / "k")

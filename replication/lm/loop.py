@@ -128,7 +128,10 @@ def run(step_fn, num_steps: int, model, optimizer, folder: RunFolder = None, sta
 
     state: the loop's own data (a rating, a filter's EMA, a question pool), mutated by the step function
     and checkpointed with the weights; plain Python values and tensors only. postfix(row) -> dict of
-    short values for the progress bar. A finished run (folder done) loads its final weights and state."""
+    short values for the progress bar. A finished run (folder done) loads its final weights and state; asked for
+    fewer steps than a later call continued it to (a sweep's run that the pick's run went on with), it returns the
+    first num_steps rows and, where the checkpoint after step num_steps is kept, that checkpoint's weights and
+    state, so the answer does not depend on whether the continuation ran yet."""
     config.check_int("num_steps", num_steps)
     config.check_int("save_every", save_every, minimum=0)
     state = {} if state is None else state
@@ -143,6 +146,12 @@ def run(step_fn, num_steps: int, model, optimizer, folder: RunFolder = None, sta
             spent = [r.get("wall_s") for r in rows if copied <= r["step"] < start]
             phases.reused(None if None in spent else sum(spent))
         if folder.done and start >= num_steps:
+            if start > num_steps:   # a later call continued this run: hand back its first num_steps steps
+                rows = [r for r in rows if r["step"] < num_steps]
+                kept = folder.checkpoints().get(num_steps)
+                if kept is not None:
+                    state.clear()
+                    state.update(load_weights(model, kept)["extra"] or {})
             return rows, state
     bar = tqdm(range(start, num_steps), initial=start, total=num_steps, desc=desc, disable=not progress)
     for step in bar:
