@@ -136,10 +136,10 @@ def compare(a: str, b: str, tables: dict, records: dict, column: str = "correct"
     The interval is stats.two_level_bootstrap's over the seeds x questions paired differences (between seeds a t
     interval from the per-seed means, within a bootstrap of the shared questions); beside it the per-seed
     differences, the probability of improvement over the per-seed means (stats.probability_of_improvement) and
-    run.claim's `basis`: interval, estimate, per-seed differences (one seed
-    caps the verdict at 'inconclusive (one run)') and any failed health check, reported beside the verdict (a
-    failed arm's comparison is still measured and judged). unit: what a repeat is, in n and the health text
-    ('seed'; 'draw' for draws of sampled replies without training)."""
+    run.claim's `basis`: interval, estimate, per-seed differences (one seed caps the verdict at 'inconclusive (one
+    run)') and any failed health check, reported beside the verdict (a failed arm's comparison is still measured
+    and judged). unit: what a repeat is, in n and the health text ('seed'; 'draw' for draws of sampled replies
+    without training)."""
     ta, tb = by_seed(tables[a]), by_seed(tables[b])
     if len(ta) != len(tb) and 1 not in (len(ta), len(tb)):
         raise ValueError(f"{a} has {len(ta)} seeds and {b} {len(tb)}; pair the same training seeds")

@@ -186,8 +186,8 @@ def over_draws(names, per_draw: list, seed: int, n_boot: int = 2000, records: di
     """Claim statistics (CLAIM_STATS) over draws of the arguments, then questions: name -> its mean over draws with
     the interval of stats.nested_bootstrap (a t interval between draws joined with a bootstrap of each draw's
     questions, whole, the tournament refitted on each resample; every statistic on the same resamples, each refit
-    made once), each draw's value and run.claim's basis (unit 'draw'; a failed health check of `records`' arms beside it). per_draw: one hits array
-    per draw, questions first."""
+    made once), each draw's value and run.claim's basis (unit 'draw'; a failed health check of `records`' arms
+    beside it). per_draw: one hits array per draw, questions first."""
     memo = {}
 
     def values(h):

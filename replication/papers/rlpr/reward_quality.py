@@ -97,8 +97,9 @@ def over_draws(statistic, table: pd.DataFrame, columns, n_boot: int = 1000, seed
     covers both sources of spread: a t interval from the spread between draws joined with a bootstrap of each
     draw's questions (qid, whole, with replacement), the statistic averaged over the draws (stats.nested_bootstrap,
     the scheme of stats.two_level_bootstrap with draws as seeds) for any statistic, e.g. an AUC; with one draw it
-    is stats.bootstrap over questions. A draw whose statistic is not finite (no replies, or replies of one class: no AUC) is left out;
-    non-finite resamples are ignored. Returns estimate, ci95, per_draw (nan: left out), draws (used) and n."""
+    is stats.bootstrap over questions. A draw whose statistic is not finite (no replies, or replies of one class:
+    no AUC) is left out; non-finite resamples are ignored. Returns estimate, ci95, per_draw (nan: left out), draws
+    (used) and n."""
     parts = draws(table)
     data = [[g[c].to_numpy() for c in columns] for g in parts]
     per_draw = np.array([statistic(*cols) if len(cols[0]) else np.nan for cols in data], float)
