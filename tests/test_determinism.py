@@ -12,6 +12,8 @@ import math
 import os
 import re
 
+from pathlib import Path
+
 import pytest
 
 from replication import digests, runner
@@ -80,6 +82,42 @@ def test_differences_name_the_key_and_skip_timings():
             if excluded(k)] == ["wall_time_s", "train_wall_s", "tokens/s", "load_s", "part2_seconds"]
 
 
+def cache_differences(first, second) -> list:
+    """The cached results (entries with a meta.json, under first and second) whose stored value differs between two
+    runs, oldest first in the first run: the first of them is where the runs parted (what later results were made
+    from), e.g. 'trees-a110... (value.json)'. Entries only one run has are named as such."""
+    first, second = Path(first), Path(second)
+    entries = lambda root: {m.parent.relative_to(root) for m in root.rglob("meta.json")} if root.is_dir() else set()
+    out = []
+    made = lambda r: next(((x / r / "meta.json").stat().st_mtime for x in (first, second) if (x / r / "meta.json").exists()))
+    for rel in sorted(entries(first) | entries(second), key=lambda r: (made(r), str(r))):
+        a, b = first / rel, second / rel
+        if not (a / "meta.json").exists() or not (b / "meta.json").exists():
+            out.append(f"{rel} (only in the {'second' if (b / 'meta.json').exists() else 'first'} run)")
+            continue
+        names = sorted({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()} - {"meta.json"})
+        changed = [n for n in names if n != "meta.json" and (not (a / n).is_file() or not (b / n).is_file() or
+                                                              digests.file_sha256(a / n) != digests.file_sha256(b / n))]
+        if changed:
+            out.append(f"{rel} ({', '.join(changed)})")
+    return out
+
+
+def test_cache_differences_name_the_entry_where_two_runs_part(tmp_path):
+    for run, trees, later in (("a", b'{"g": ["12 + 58 = 70"]}', b"1"), ("b", b'{"g": ["12 + 58 = 71"]}', b"2")):
+        for name, value in (("eval-3", later), ("base-1", b"[0.5]"), ("trees-2", trees), ("extra-4", b"0")):
+            if name == "extra-4" and run == "a":
+                continue
+            (tmp_path / run / name).mkdir(parents=True)
+            (tmp_path / run / name / "value.json").write_bytes(value)
+            (tmp_path / run / name / "meta.json").write_text(json.dumps({"seconds": 1.0 if run == "a" else 2.0}))
+            made = {"base-1": 1000, "trees-2": 1001, "eval-3": 1002, "extra-4": 1003}[name]   # the order they were made
+            os.utime(tmp_path / run / name / "meta.json", (made, made))
+    assert cache_differences(tmp_path / "a", tmp_path / "b") == [
+        "trees-2 (value.json)", "eval-3 (value.json)", "extra-4 (only in the second run)"]
+    assert cache_differences(tmp_path / "a", tmp_path / "a") == []
+
+
 @pytest.fixture(scope="module")
 def second_run(smoke_run, run_all, tmp_path_factory):
     """The same smoke run again, into its own folder, with a PYTHONHASHSEED the first run did not have
@@ -98,7 +136,11 @@ def test_same_config_gives_the_same_numbers(stem, smoke_run, second_run):
                     "nothing to compare (rerun the test on a tree nobody edits meanwhile)")
     a, b = (json.loads((r / "smoke/metrics" / f"{stem}.json").read_text()) for r in (first, second))
     diff = differences(a, b)
-    assert not diff, f"{stem}: two runs of one config differ at {len(diff)} key(s):\n  " + "\n  ".join(diff[:40])
+    if diff:   # what a reader needs to find the cause: where the runs parted, and the CPU they ran on
+        parted = cache_differences(first / "smoke/cache" / stem, second / "smoke/cache" / stem)
+        pytest.fail(f"{stem}: two runs of one config differ at {len(diff)} key(s):\n  " + "\n  ".join(diff[:40]) +
+                    f"\ncached results that differ, oldest first: {parted[:10] or 'none'}"
+                    f"\nCPU: {runner.machine()}; bf16 instruction sets: {runner.cpu_bf16()}")
     figs = [n for f in a["figures"] for n in f["files"] if n.rsplit(".", 1)[0] not in digests.TIMED_FIGURES]
     changed = [n for n in figs if digests.file_sha256(first / "smoke/figures" / n) !=
                digests.file_sha256(second / "smoke/figures" / n)]
