@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-
 from pathlib import Path
 
 import pytest
@@ -84,20 +83,20 @@ def test_differences_name_the_key_and_skip_timings():
 
 def cache_differences(first, second) -> list:
     """The cached results (entries with a meta.json, under first and second) whose stored value differs between two
-    runs, oldest first in the first run: the first of them is where the runs parted (what later results were made
+    runs, in the order they were made: the first of them is where the runs parted (what later results were made
     from), e.g. 'trees-a110... (value.json)'. Entries only one run has are named as such."""
     first, second = Path(first), Path(second)
     entries = lambda root: {m.parent.relative_to(root) for m in root.rglob("meta.json")} if root.is_dir() else set()
+    made = lambda r: next((x / r / "meta.json").stat().st_mtime for x in (first, second) if (x / r / "meta.json").exists())
     out = []
-    made = lambda r: next(((x / r / "meta.json").stat().st_mtime for x in (first, second) if (x / r / "meta.json").exists()))
     for rel in sorted(entries(first) | entries(second), key=lambda r: (made(r), str(r))):
         a, b = first / rel, second / rel
         if not (a / "meta.json").exists() or not (b / "meta.json").exists():
             out.append(f"{rel} (only in the {'second' if (b / 'meta.json').exists() else 'first'} run)")
             continue
-        names = sorted({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()} - {"meta.json"})
-        changed = [n for n in names if n != "meta.json" and (not (a / n).is_file() or not (b / n).is_file() or
-                                                              digests.file_sha256(a / n) != digests.file_sha256(b / n))]
+        names = sorted(({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()}) - {"meta.json"})
+        changed = [n for n in names if not (a / n).is_file() or not (b / n).is_file()
+                   or digests.file_sha256(a / n) != digests.file_sha256(b / n)]
         if changed:
             out.append(f"{rel} ({', '.join(changed)})")
     return out
