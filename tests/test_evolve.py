@@ -117,6 +117,15 @@ def test_lc_win_rate_removes_a_length_effect():
     assert wr["ci95"][0] <= wr["win_rate"] <= wr["ci95"][1]
 
 
+@pytest.mark.parametrize("wins", [[0.0] * 8, [1.0] * 8, [0, 0, 0, 0, 1, 1, 1, 1]])
+def test_lc_win_rate_of_a_separated_sample_is_a_probability(wins):
+    # no wins, all wins, or wins by length alone: the GLM separates, its intercept's bounds run to about +-1e4;
+    # a smoke run of 02 on a CPU without bf16 instructions stopped here with 'math range error'
+    lc = stats.lc_win_rate(np.asarray(wins, float), np.arange(8) * 3.0, np.full(8, 10.0))
+    assert all(0.0 <= v <= 1.0 for v in [lc["lc_win_rate"], *lc["ci95"]])
+    assert lc["ci95"][0] <= lc["lc_win_rate"] <= lc["ci95"][1]
+
+
 def test_arena_reports_side_data_through_the_logging_callables():
     judge = judging.QualityJudge(sigma_comp=0.01, sigma_abs=1.0)
     meta = [{"question": "q", "answer": 7, "opponent_response": WRONG}] * 2
