@@ -230,7 +230,7 @@ def lc_win_rate(p, len_model, len_ref) -> dict:
     d = np.asarray(len_model, float) - np.asarray(len_ref, float)
     sd = d.std()
     x = np.tanh(d / sd) if sd > 0 else np.zeros_like(d)
-    sig = lambda t: float(expit(t))  # noqa: E731  (a separated sample's bound of -1e4 gives 0.0, not an overflow)
+    sig = lambda t: float(expit(t))  # noqa: E731  (a separated sample's bound of -3e4 gives 0.0, not an overflow)
     if np.ptp(x) == 0:
         out = win_rate(p)
         return {"lc_win_rate": out["win_rate"], "ci95": out["ci95"], "length_coef": 0.0}
