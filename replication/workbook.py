@@ -145,9 +145,13 @@ class Run:
         return dataclasses.asdict(self.params) if self.params is not None else None
 
 
+PRECISIONS = ("rollout_dtype", "step_update_dtypes")   # parameters that may say "auto" (models.resolve_dtype)
+
+
 def start(notebook: str, namespace: dict = None, *, profile: str = None, seed: int = None) -> Run:
     """Begin a notebook's run: build and validate its parameters from the parameters cell's names
-    (`globals()`; the result is `run.params`), seed everything, set the figure style.
+    (`globals()`; the result is `run.params`), seed everything, set the figure style. A precision of
+    "auto" (PRECISIONS) becomes the one it stands for here (models.resolve_dtype), in `run.params` and `namespace`.
 
     In a run by hand the profile's values (notebooks/params/<notebook>.json) replace the cell's values of the
     parameters not set by hand, in `namespace` too (params.profile_changes); the runner injects them itself."""
@@ -163,8 +167,15 @@ def start(notebook: str, namespace: dict = None, *, profile: str = None, seed: i
             namespace.update(changes)
         cfg = params.build(notebook, namespace)
         profile, seed = cfg.profile, cfg.seed
-        if getattr(cfg, "device", None) is not None:
-            models.use_device(cfg.device)   # where this notebook's models run (the CPU here: nothing changes)
+        device = models.use_device(cfg.device) if getattr(cfg, "device", None) is not None else None
+        for name in PRECISIONS:   # auto: bf16 where the device has bf16 kernels, else fp32
+            value = getattr(cfg, name, None)
+            if value is not None and "auto" in ([value] if isinstance(value, str) else value):
+                resolved = models.resolve_dtype(name, value)
+                setattr(cfg, name, resolved)
+                namespace[name] = resolved
+                why = "" if models.bf16_kernels() else " (no bf16 kernels here: bf16 would run several times slower)"
+                print(f"{name} = {value!r} -> {resolved!r} on {device or 'cpu'}{why}")
     run = Run(notebook, "default" if profile is None else profile, 0 if seed is None else seed, cfg)
     config.set_seed(run.seed)
     figures.use_style()

@@ -109,3 +109,43 @@ def test_the_gpu_profile_refuses_on_a_cpu_unless_asked_for_cpu_speed(monkeypatch
     runner.run("gpu", only="01", overrides={"device": "cpu"}, report=False, log=lambda *_: None)
     assert ran == [("01_noise_analysis", "gpu")]
     assert runner.parameters("01_noise_analysis", "gpu", overrides={"device": "cpu"})["judge_questions"] == 200
+
+
+# ---- the notebooks' `rollout_dtype = "auto"`: bf16 where the device has bf16 kernels ----------------------
+
+@pytest.mark.parametrize("kernels, want", [(True, "bfloat16"), (False, "float32")])
+def test_auto_precision_is_bf16_only_where_the_device_has_bf16_kernels(kernels, want, monkeypatch):
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: kernels)
+    monkeypatch.setattr(models, "_device", torch.device("cpu"))
+    assert models.bf16_kernels() is kernels
+    assert models.resolve_dtype("rollout_dtype", "auto") == want
+    assert [models.resolve_dtype("rollout_dtype", d) for d in ("float32", "bfloat16")] == ["float32", "bfloat16"]
+    assert models.resolve_dtype("step_update_dtypes", ["float32", "auto", "bfloat16"]) == list(dict.fromkeys(
+        ["float32", want, "bfloat16"]))
+    with pytest.raises(ValueError, match="rollout_dtype='fp16' is not allowed; choose one of 'auto', 'float32', 'bfloat16'"):
+        models.resolve_dtype("rollout_dtype", "fp16")
+
+
+@pytest.mark.parametrize("kernels, want", [(True, "bfloat16"), (False, "float32")])
+def test_start_resolves_auto_precision_in_the_params_and_the_notebook(kernels, want, monkeypatch, runs, capsys):
+    """What a notebook sees after `run = workbook.start(stem, globals())`: the resolved precision, in run.params
+    (so in the metrics record and every cache key built from it) and in its own `rollout_dtype`; a precision
+    named in the cell is kept as it is."""
+    from replication import settings, workbook  # noqa: F401  (registers the classes)
+    from replication.core import config, params
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: kernels)
+    monkeypatch.setattr(models, "_device", models._device)          # restored after the test
+    monkeypatch.setenv(config.RUNNER_ENV, "smoke")                   # the values as given (no profile applied)
+    stems = [s for s in config.list_notebooks()
+             if "rollout_dtype" in params.cell_values(config.NOTEBOOKS / f"{s}.ipynb")]
+    assert stems == ["00_setup_and_baselines", "02_elo_dynamics", "03_rlpr_debiasing", "05_malt_trajectory_trees"]
+    for stem in stems:
+        namespace = {**params.cell_values(config.NOTEBOOKS / f"{stem}.ipynb"), "device": "cpu"}
+        assert namespace["rollout_dtype"] == "auto", stem
+        run = workbook.start(stem, namespace)
+        assert run.params.rollout_dtype == namespace["rollout_dtype"] == want, stem
+        assert f"rollout_dtype = 'auto' -> {want!r} on cpu" in capsys.readouterr().out
+        if stem == "00_setup_and_baselines":   # the step probe: fp32, then bf16 only where it has kernels
+            assert run.params.step_update_dtypes == namespace["step_update_dtypes"] == list(dict.fromkeys(["float32", want]))
+        assert workbook.start(stem, {**namespace, "rollout_dtype": "bfloat16"}).params.rollout_dtype == "bfloat16"

@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 from typing import Optional
 
-from replication.core.params import DEVICE, MODEL, Params, notebook, p
+from replication.core.params import DEVICE, DTYPE, MODEL, Params, notebook, p
 from replication.lm import tasks
 
 JUDGES = ("likelihood", "quality", "llm")  # Elo-Evolve's training judges (judging.make_judge)
@@ -47,7 +47,7 @@ class EloDynamics(Params):
     prompts_per_step: int = p()
     group_size: int = p(minimum=2)
     rollout_temperature: float = p(low=0.01, high=2.0)
-    rollout_dtype: str = p(choices=("float32", "bfloat16"))
+    rollout_dtype: str = DTYPE
     max_new_tokens: int = p()
     lr: float = p(low=0.0, high=0.1)
     kl_beta: Optional[float] = p(low=0.0, high=10.0)

@@ -1,7 +1,7 @@
 """Notebook 05's parameters: types, ranges and cross-field rules (the defaults live in its parameters cell)."""
 from dataclasses import dataclass
 
-from replication.core.params import DEVICE, MODEL, Params, notebook, p
+from replication.core.params import DEVICE, DTYPE, MODEL, Params, notebook, p
 from replication.lm import tasks
 
 @notebook("05_malt_trajectory_trees")
@@ -21,7 +21,7 @@ class MALT(Params):
     ver_tokens: int = p()
     ref_tokens: int = p()
     temperature: float = p(low=0.01, high=2.0)
-    rollout_dtype: str = p(choices=("float32", "bfloat16"))
+    rollout_dtype: str = DTYPE
     batch_size: int = p()
     reference: str = p(choices=("sft", "base"))
     lora_r: int = p()

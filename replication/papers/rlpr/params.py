@@ -1,7 +1,7 @@
 """Notebook 03's parameters: types, ranges and cross-field rules (the defaults live in its parameters cell)."""
 from dataclasses import dataclass
 
-from replication.core.params import DEVICE, MODEL, Params, notebook, p
+from replication.core.params import DEVICE, DTYPE, MODEL, Params, notebook, p
 from replication.lm import tasks
 
 # rlpr_training.VARIANTS' names (that module loads torch; the parameter registry may not)
@@ -17,7 +17,7 @@ class RLPR(Params):
     n_factual: int = p(minimum=0)
     samples: int = p(minimum=2)
     temperature: float = p(low=0.05, high=2.0)
-    rollout_dtype: str = p(choices=("float32", "bfloat16"))
+    rollout_dtype: str = DTYPE
     max_new_tokens: int = p()
     batch_size: int = p()
     n_boot: int = p()
