@@ -126,6 +126,17 @@ def test_auto_precision_is_bf16_only_where_the_device_has_bf16_kernels(kernels, 
         models.resolve_dtype("rollout_dtype", "fp16")
 
 
+@pytest.mark.parametrize("supported", [True, False])
+def test_auto_precision_on_a_gpu_asks_the_gpu(supported, monkeypatch):
+    """On a CUDA device the answer is the GPU's bf16 support, whatever the CPU has (no GPU here: the device is set
+    as use_device would set it, and torch's answer is patched)."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: supported)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: not supported)
+    monkeypatch.setattr(models, "_device", torch.device("cuda"))
+    assert models.bf16_kernels() is supported
+    assert models.resolve_dtype("rollout_dtype", "auto") == ("bfloat16" if supported else "float32")
+
+
 @pytest.mark.parametrize("kernels, want", [(True, "bfloat16"), (False, "float32")])
 def test_start_resolves_auto_precision_in_the_params_and_the_notebook(kernels, want, monkeypatch, runs, capsys):
     """What a notebook sees after `run = workbook.start(stem, globals())`: the resolved precision, in run.params
