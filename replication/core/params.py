@@ -96,7 +96,8 @@ MODEL = p()  # a model name known to replication.lm.models or a local checkpoint
 DEVICE = p(pattern=(r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N"))
 # a sampling or update precision: auto (bf16 where the device has bf16 kernels, else fp32; workbook.start resolves
 # it, replication.lm.models.resolve_dtype), float32 or bfloat16
-DTYPE = p(choices=("auto", "float32", "bfloat16"))
+DTYPES = ("auto", "float32", "bfloat16")
+DTYPE = p(choices=DTYPES)
 REGISTRY = {}  # notebook stem -> parameter class (filled by replication.settings)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from replication.core import config, files, offline
+from replication.core import config, files, offline, params
 
 from .generation import (MIN_SHARED, Generation, chat_prompts, common_prefix, completion_mask,  # noqa: F401
                          device_of, encode_prompts, generate, position_ids, sample)
@@ -116,9 +116,6 @@ def use_device(spec: str = "auto") -> torch.device:
     return _device
 
 
-DTYPES = ("auto", "float32", "bfloat16")   # a sampling or update precision; auto: resolve_dtype
-
-
 def bf16_kernels(device: torch.device = None) -> bool:
     """Whether bf16 matmuls have fast kernels where models run: a CUDA device that supports bf16, or a CPU whose
     oneDNN has bf16 kernels (AMX, AVX-512). On a CPU with AVX2 only they are emulated (measured 2026-11-27: a 1024 x
@@ -135,7 +132,7 @@ def resolve_dtype(name: str, spec):
     precision once (["float32", "auto"] is ["float32"] without bf16 kernels). Anything else raises one line."""
     if isinstance(spec, list):
         return list(dict.fromkeys(resolve_dtype(name, s) for s in spec))
-    config.check_choice(name, spec, DTYPES)
+    config.check_choice(name, spec, params.DTYPES)
     if spec != "auto":
         return spec
     return "bfloat16" if bf16_kernels() else "float32"

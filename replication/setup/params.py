@@ -1,7 +1,7 @@
 """Notebook 00's parameters: types, ranges and cross-field rules (the defaults live in its parameters cell)."""
 from dataclasses import dataclass
 
-from replication.core.params import DEVICE, DTYPE, MODEL, Params, notebook, p
+from replication.core.params import DEVICE, DTYPE, DTYPES, MODEL, Params, notebook, p
 from replication.lm import tasks
 
 @notebook("00_setup_and_baselines")
@@ -20,7 +20,7 @@ class Setup(Params):
     step_tokens: int = p()
     rollout_temperature: float = p(low=0.01, high=2.0)
     rollout_dtype: str = DTYPE
-    step_update_dtypes: list = p(each={"choices": ("auto", "float32", "bfloat16")})
+    step_update_dtypes: list = p(each={"choices": DTYPES})
     candidate_levels: list = p(each={"choices": tuple(tasks.LEVELS)})
     candidate_shots: list = p(each={"minimum": 0})
     sampling_problems: int = p()
