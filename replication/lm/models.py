@@ -116,12 +116,11 @@ def use_device(spec: str = "auto") -> torch.device:
     return _device
 
 
-def bf16_kernels(device: torch.device = None) -> bool:
-    """Whether bf16 matmuls have fast kernels where models run: a CUDA device that supports bf16, or a CPU whose
-    oneDNN has bf16 kernels (AMX, AVX-512). On a CPU with AVX2 only they are emulated (measured 2026-11-27: a 1024 x
-    1024 matmul at 1 GFLOP/s in bf16 against 132 in fp32), and a bf16 copy makes a run several times slower."""
-    device = _device if device is None else torch.device(device)
-    if device.type == "cuda":
+def bf16_kernels() -> bool:
+    """Whether bf16 matmuls have fast kernels where models run (use_device): a CUDA device that supports bf16, or a
+    CPU whose oneDNN has bf16 kernels (AMX, AVX-512). On a CPU with AVX2 only they are emulated (measured 2026-11-27:
+    a 1024 x 1024 matmul at 1 GFLOP/s in bf16 against 132 in fp32), and a bf16 copy makes a run several times slower."""
+    if _device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
