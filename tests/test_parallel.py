@@ -1,8 +1,11 @@
 """Independent runs side by side (replication.lm.parallel): the same results as one after another at one thread,
 in job order, with a failing job named."""
+import time
+
 import pytest
 import torch
 
+from replication.core import phases
 from replication.lm import grpo, models, parallel
 
 LETTERS = set("abcdefghijklmnopqrstuvwxyz")
@@ -52,3 +55,51 @@ def test_a_failing_job_is_named_and_bad_workers_refused():
     assert parallel.run_jobs(failing, [{"seed": 0}, {"seed": 2}], workers=2) == [0, 2]
     with pytest.raises(ValueError, match="workers=0"):
         parallel.run_jobs(failing, [], workers=0)
+
+
+def busy(seconds: float, name: str = "update") -> str:
+    """Spend `seconds` in phase `name`, then as much again in no phase."""
+    with phases.phase(name):
+        time.sleep(seconds)
+    time.sleep(seconds)
+    return name
+
+
+def test_the_workers_phase_profiles_count_in_the_parent():
+    phases.reset()
+    t0 = time.perf_counter()
+    with phases.phase("statistics and plotting"):   # an enclosing phase gives up what the workers counted
+        out = parallel.run_jobs(busy, [{"seconds": 0.6}, {"seconds": 0.6, "name": "generation for training"}], workers=2)
+    wall = time.perf_counter() - t0
+    assert out == ["update", "generation for training"]
+    prof = phases.profile(wall)
+    # each worker spent half its time in its phase; side by side they share the block's wall
+    assert prof["update"] == pytest.approx(prof["generation for training"], rel=0.35)
+    assert 0.1 < prof["update"] < 0.5 * wall
+    assert prof["update"] + prof["generation for training"] + prof["statistics and plotting"] == pytest.approx(wall, rel=0.05)
+
+
+def test_absorb_scales_the_workers_seconds_to_the_wall():
+    phases.reset()
+    phases.absorb([{"totals": {"update": 6.0}, "reused": {"entries": 1, "seconds": 5.0, "untimed": 0}, "wall": 8.0},
+                   {"totals": {"update": 2.0, "judging": 2.0}, "reused": {"entries": 2, "seconds": 1.0, "untimed": 1},
+                    "wall": 8.0}], wall=8.0)
+    prof = phases.profile(8.0)
+    assert prof["update"] == pytest.approx(4.0) and prof["judging"] == pytest.approx(1.0) and prof["other"] == pytest.approx(3.0)
+    assert phases.reused_profile() == {"entries": 3, "seconds": 6.0, "untimed": 1}
+    phases.reset()
+
+
+def where() -> str:
+    from replication.lm import models
+
+    return str(models.current_device())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_workers_put_models_on_the_device_this_process_uses():
+    models.use_device("cuda")
+    try:
+        assert parallel.run_jobs(where, [{}, {}], workers=2) == ["cuda", "cuda"]
+    finally:
+        models.use_device("cpu")

@@ -75,6 +75,31 @@ def reused_profile() -> dict:
     return {"entries": _reused["entries"], "seconds": round(_reused["seconds"], 2), "untimed": _reused["untimed"]}
 
 
+def snapshot(wall: float) -> dict:
+    """What this process counted (seconds by phase, cached results reused) and the wall time it took: a worker's
+    record, for absorb in the process that started it."""
+    return {"totals": dict(_totals), "reused": dict(_reused), "wall": float(wall)}
+
+
+def absorb(snapshots, wall: float) -> None:
+    """Count the work of worker processes that ran side by side for `wall` seconds of this process's time
+    (parallel.run_jobs): their phases share those seconds in proportion to the time each worker spent in them (the
+    workers' seconds scaled by wall / the sum of their walls), so the profile stays wall seconds and its parts add
+    up; the time they spent in no phase is `other` here too. An enclosing phase gives up what is counted here, as
+    a nested phase's time is counted once. Their reused results count as they are."""
+    spent = sum(s["wall"] for s in snapshots)
+    scale = wall / spent if spent > 0 else 0.0
+    counted = 0.0
+    for s in snapshots:
+        for name, seconds in s["totals"].items():
+            _totals[name] = _totals.get(name, 0.0) + seconds * scale
+            counted += seconds * scale
+        for k in _reused:
+            _reused[k] += s["reused"].get(k, 0)
+    if _stack:
+        _stack[-1][1] -= counted
+
+
 def profile(wall: float) -> dict:
     """Seconds by phase (every phase named, 0 where none ran) and `other`: the wall time no phase covered."""
     out = {name: round(_totals.get(name, 0.0), 2) for name in PHASES}

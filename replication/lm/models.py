@@ -116,6 +116,11 @@ def use_device(spec: str = "auto") -> torch.device:
     return _device
 
 
+def current_device() -> torch.device:
+    """The device load_model puts models on now (use_device)."""
+    return _device
+
+
 def bf16_kernels() -> bool:
     """Whether bf16 matmuls have fast kernels where models run (use_device): a CUDA device that supports bf16, or a
     CPU whose oneDNN has bf16 kernels (AMX, AVX-512). On a CPU with AVX2 only they are emulated (measured 2026-11-27:

@@ -2,44 +2,79 @@
 
 On a CPU with few cores, two runs at one thread each can do more work per second than one run at two threads (a
 small model's matmuls do not keep two threads busy), but only when each process keeps to its own thread: two
-processes at two threads each on two cores ran 10x slower here. `run_jobs(fn, jobs, workers)` calls fn(**job) for
-every job, in that many spawned processes whose torch (and OpenMP/MKL) use one thread, and returns the results in
-job order; workers=1 calls them here, one after another, in this process. A job must seed everything it draws from
-(the workbook's training runs do: LoRA init, draws and sampling all derive from their config's seed), so a result
-does not depend on which worker ran it: the same as a run of the same job in one process at one thread (test).
-fn must be a module-level function and the jobs' values picklable; a cached or resumable job (run.cached,
-run.run_folder) writes its cache from the worker, so an interrupted parallel run resumes like a sequential one.
+processes at two threads each on two cores ran 10x slower here. On a GPU, runs in several processes keep it busier
+than one run alone (five of notebook 03's runs side by side on an H200: 99% utilisation). `run_jobs(fn, jobs,
+workers)` calls fn(**job) for every job, in that many spawned processes whose torch (and OpenMP/MKL) use one thread
+and whose models go to the device this process uses (models.use_device), and returns the results in job order;
+workers=1 calls them here, one after another, in this process. A job must seed everything it draws from (the
+workbook's training runs do: LoRA init, draws and sampling all derive from their config's seed), so a result does
+not depend on which worker ran it: the same as a run of the same job in one process at one thread (test). fn must
+be a module-level function and the jobs' values picklable; a cached or resumable job (run.cached, run.run_folder)
+writes its cache from the worker, so an interrupted parallel run resumes like a sequential one. The workers' phase
+profiles come back with their results and are counted here (phases.absorb), so the notebook's profile still covers
+the work.
 """
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from replication.core import config
+from tqdm.auto import tqdm
 
-def _init() -> None:
+from replication.core import config, phases
+
+
+def _init(device: str) -> None:
     import torch
+    from transformers.utils import logging as hf_logging
+
+    from replication.core import console
+    from replication.lm import models
 
     torch.set_num_threads(1)
+    models.use_device(device)
+    console.quiet_warnings()   # the worker's stderr is the terminal's: only what the notebook would show
+    hf_logging.disable_progress_bar()
 
 
 def _call(fn, job: dict):
-    return fn(**job)
+    phases.reset()
+    t0 = time.perf_counter()
+    out = fn(**job)
+    return out, phases.snapshot(time.perf_counter() - t0)
 
 
-def run_jobs(fn, jobs, workers: int = 1) -> list:
+def run_jobs(fn, jobs, workers: int = 1, progress: str = None) -> list:
     """[fn(**job) for job in jobs], in `workers` worker processes at one thread each when workers > 1 (module
-    docstring); an error in a job is raised here, naming the job."""
+    docstring); an error in a job is raised here, naming the job. progress: a bar of that name over the jobs done
+    (None: no bar)."""
+    from replication.lm import models
+
     config.check_int("workers", workers, minimum=1)
     jobs = list(jobs)
+    bar = tqdm(total=len(jobs), desc=progress, disable=progress is None or not jobs)
     if workers == 1 or len(jobs) <= 1:
-        return [fn(**job) for job in jobs]
+        out = []
+        for job in jobs:
+            out.append(fn(**job))
+            bar.update()
+        bar.close()
+        return out
     one_thread = config.environ({k: "1" for k in config.THREAD_VARIABLES})  # read when torch loads in a worker
     spawn = multiprocessing.get_context("spawn")
-    with one_thread, ProcessPoolExecutor(min(workers, len(jobs)), mp_context=spawn, initializer=_init) as pool:
-        futures = [pool.submit(_call, fn, job) for job in jobs]
-        out = []
-        for i, f in enumerate(futures):
+    t0 = time.perf_counter()
+    with one_thread, ProcessPoolExecutor(min(workers, len(jobs)), mp_context=spawn, initializer=_init,
+                                         initargs=(str(models.current_device()),)) as pool:
+        futures = {pool.submit(_call, fn, job): i for i, job in enumerate(jobs)}
+        done = {}
+        for f in as_completed(futures):
+            i = futures[f]
             try:
-                out.append(f.result())
+                done[i] = f.result()
             except Exception as e:  # noqa: BLE001 - one line that says which job failed, the cause kept
+                for other in futures:
+                    other.cancel()
                 raise RuntimeError(f"parallel job {i} of {len(jobs)} ({fn.__name__}) failed: {type(e).__name__}: {e}") from e
-        return out
+            bar.update()
+    bar.close()
+    phases.absorb([done[i][1] for i in range(len(jobs))], time.perf_counter() - t0)
+    return [done[i][0] for i in range(len(jobs))]

@@ -36,6 +36,7 @@ class RLPR(Params):
     max_rollouts: int = p()
     variants: list = p(each={"choices": VARIANTS})
     seeds: int = p(minimum=1)
+    workers: int = p(minimum=1)
 
     def check(self):
         if self.warmup_end <= self.warmup_start:

@@ -1,5 +1,5 @@
 """RLPR training: the adaptive std filter, the filtered GRPO step on the one loop, the variants (each once per
-training seed, `run_seeds`) and their held-out answers, the health check of each run, and the records notebook
+training seed, `run_seeds`; every variant and seed, side by side where asked, `run_all`) and their held-out answers, the health check of each run, and the records notebook
 03 reports.
 
 One step: draw `batch_prompts` questions, roll out G replies each (GRPOTrainer.collect), keep the prompts
@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from replication.core import config, stats
-from replication.lm import arms, grpo, loop, models, tasks
+from replication.lm import arms, grpo, loop, models, parallel, tasks
 from . import answers
 from .rlpr import Reward, initial_baseline
 
@@ -192,7 +192,19 @@ def run_seeds(name: str, seeds, pool, heldout, cfg, steps: int, batch_prompts: i
     """run_variant once per training seed s (cfg with seed=s: the LoRA init, the prompt draws and the rollout
     sampling), each run cached and resumed on its own (the keys hold cfg.seed; the first seed's key is
     run_variant's with cfg as given when seeds[0] == cfg.seed). Returns [(step rows, held-out table)] by seed."""
-    return [run_variant(name, pool, heldout, replace(cfg, seed=s), steps, batch_prompts, **kw) for s in seeds]
+    return run_all([name], seeds, pool, heldout, cfg, steps, batch_prompts, **kw)[name]
+
+
+def run_all(names, seeds, pool, heldout, cfg, steps: int, batch_prompts: int, workers: int = 1, **kw) -> dict:
+    """Every variant in `names` over every training seed (run_seeds), `workers` runs side by side, each in its own
+    process at one thread (parallel.run_jobs; 1: one after another here). A run's numbers do not depend on which
+    worker ran it or beside what; only the thread count's rounding differs from a run at two threads. Returns
+    {variant: [(step rows, held-out table)] by seed}."""
+    names = list(names)
+    jobs = [dict(name=v, pool=pool, heldout=heldout, cfg=replace(cfg, seed=s), steps=steps, batch_prompts=batch_prompts, **kw)
+            for v in names for s in seeds]
+    out = parallel.run_jobs(run_variant, jobs, workers, progress=f"arm runs ({workers} side by side)" if workers > 1 else None)
+    return {v: out[i * len(seeds):(i + 1) * len(seeds)] for i, v in enumerate(names)}
 
 
 # ---- what the notebook reports: each variant as a trained arm (replication.lm.arms) ---------------------
