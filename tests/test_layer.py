@@ -130,13 +130,14 @@ def cell_03():
             "level": "1d-1step-add", "shots": 1, "styles": ["digits"], "n_train": 4, "n_heldout": 8, "steps": 2,
             "prompts_per_step": 2, "group_size": 2, "rollout_dtype": "bfloat16", "lr": 1e-4, "lora_r": 8,
             "warmup_start": 0, "warmup_end": 1, "max_rollouts": 2, "seeds": 1,
-            "variants": ["rlpr", "rlvr"]}
+            "variants": ["rlpr", "rlvr"], "workers": 1}
 
 
 @pytest.mark.parametrize("change, message", [
     ({"steps": 0}, "steps=0"), ({"temperature": 5.0}, "temperature=5.0"), ({"profile": "fast"}, "profile='fast'"),
     ({"variants": ["rlpr", "ppo"]}, "variants='ppo'"), ({"warmup_end": 0}, "warmup_end=0"),
     ({"prompts_per_step": 7}, "prompts_per_step=7"), ({"rollout_dtype": "fp16"}, "rollout_dtype='fp16'"), ({"lr": "fast"}, "lr='fast'"), ({"seed": -1}, "seed=-1"),
+    ({"workers": 0}, "workers=0"),
 ])
 def test_parameters_name_the_bad_value(change, message):
     params.build("03_rlpr_debiasing", cell_03())

@@ -529,6 +529,24 @@ def test_each_variant_trains_once_per_seed(monkeypatch):
     assert runs[0][0]["reward_mean"].tolist() != runs[1][0]["reward_mean"].tolist()   # another seed, other rollouts
 
 
+def test_run_all_keeps_variants_and_seeds_in_order(monkeypatch):
+    monkeypatch.setattr(models, "load_model", lambda name: models.tiny_model(seed=0))
+    monkeypatch.setattr(rlpr_training, "Reward", lambda *a, **k: letter_reward)
+    pool, heldout = answers.make_questions(6, 0, seed=0)["train"], answers.make_questions(2, 0, seed=0)["heldout"]
+    cfg = grpo.GRPOConfig(num_generations=2, max_new_tokens=4, kl_beta=0.0, seed=7)
+    keys = []
+    kw = dict(run_folder=lambda name, key: keys.append((name, key["grpo"]["seed"])), warmup=(0, 1), lora_r=4, eval_tokens=4,
+              batch_size=4, progress=False)
+    both = rlpr_training.run_all(["rlvr", "rlpr_no_filter"], [7, 8], pool, heldout, cfg, 2, 2, workers=1, **kw)
+    assert list(both) == ["rlvr", "rlpr_no_filter"] and [len(v) for v in both.values()] == [2, 2]
+    assert keys == [("rlvr", 7), ("rlvr", 8), ("rlpr_no_filter", 7), ("rlpr_no_filter", 8)]
+    alone = rlpr_training.run_seeds("rlpr_no_filter", [7, 8], pool, heldout, cfg, 2, 2, **kw)
+    for (rows, table), (rows_, table_) in zip(both["rlpr_no_filter"], alone):
+        assert rows["reward_mean"].tolist() == rows_["reward_mean"].tolist() and table.equals(table_)
+    with pytest.raises(ValueError, match="workers=0"):
+        rlpr_training.run_all(["rlvr"], [7], pool, heldout, cfg, 2, 2, workers=0, **kw)
+
+
 def test_filter_summary_per_seed():
     rows = step_rows([0.1, 0.2])
     filt = rlpr_training.filter_summary({"rlpr": rows}, std_filter_factor=0.5, warmup=(0, 1))
