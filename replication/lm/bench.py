@@ -264,14 +264,16 @@ def update_phase(model_name: str, cfg: dict, reps: int, dtypes=("float32", "bflo
 
 def parallel_runs(model_name: str, cfg: dict, reps: int, workers: int = 2) -> dict:
     """Wall seconds of `workers` GRPO runs of reps + 1 steps each: sequential in this process (its threads), then in
-    `workers` processes at one thread each; and sequential / parallel."""
-    job = {"model_name": model_name, "cfg": cfg, "reps": reps, "rollout_dtype": "bfloat16", "update_dtype": "bfloat16"}
+    `workers` processes at one thread each; and sequential / parallel. The precision is the notebooks' `auto`: bf16
+    where the device has bf16 kernels, else fp32 (models.resolve_dtype)."""
+    dtype = models.resolve_dtype("rollout_dtype", "auto")
+    job = {"model_name": model_name, "cfg": cfg, "reps": reps, "rollout_dtype": dtype, "update_dtype": dtype}
     t0 = time.perf_counter()
     seq = parallel.run_jobs(ours, [job] * workers, workers=1)
     t1 = time.perf_counter()
     par = parallel.run_jobs(ours, [job] * workers, workers=workers)
     t2 = time.perf_counter()
-    return {"threads": torch.get_num_threads(), "workers": workers, "sequential_s": t1 - t0, "parallel_s": t2 - t1,
+    return {"threads": torch.get_num_threads(), "workers": workers, "dtype": dtype, "sequential_s": t1 - t0, "parallel_s": t2 - t1,
             "ratio": (t1 - t0) / (t2 - t1), "sequential_step_s": [r["step_s"] for r in seq],
             "parallel_step_s": [r["step_s"] for r in par]}
 
@@ -364,9 +366,12 @@ def main(argv=None) -> int:
         return 0
     if args.what == "parallel":
         r = parallel_runs(args.model, CONFIGS["workbook"], args.reps, args.workers)
-        print(f"{r['workers']} GRPO runs of {args.reps + 1} steps (workbook config, bf16 rollout and update): one after another "
+        print(f"{r['workers']} GRPO runs of {args.reps + 1} steps (workbook config, {r['dtype']} rollout and update): one after another "
               f"at {r['threads']} threads {r['sequential_s']:.1f} s; side by side at 1 thread each {r['parallel_s']:.1f} s; "
               f"sequential / parallel = {r['ratio']:.2f}x")
+        seq, par = (statistics.mean(x for run in r[k] for x in run) for k in ("sequential_step_s", "parallel_step_s"))
+        print(f"steady step: {seq:.1f} s at {r['threads']} threads, {par:.1f} s a run side by side; throughput "
+              f"{r['workers'] * seq / par:.2f}x")
         if args.json:
             files.write_json(args.json, {"date": time.strftime("%Y-%m-%d"), **r})
         return 0
