@@ -21,6 +21,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from tqdm.auto import tqdm
 
 from replication.core import config, phases
+from replication.lm import models
 
 
 def _init(device: str) -> None:
@@ -28,7 +29,6 @@ def _init(device: str) -> None:
     from transformers.utils import logging as hf_logging
 
     from replication.core import console
-    from replication.lm import models
 
     torch.set_num_threads(1)
     models.use_device(device)
@@ -47,8 +47,6 @@ def run_jobs(fn, jobs, workers: int = 1, progress: str = None) -> list:
     """[fn(**job) for job in jobs], in `workers` worker processes at one thread each when workers > 1 (module
     docstring); an error in a job is raised here, naming the job. progress: a bar of that name over the jobs done
     (None: no bar)."""
-    from replication.lm import models
-
     config.check_int("workers", workers, minimum=1)
     jobs = list(jobs)
     bar = tqdm(total=len(jobs), desc=progress, disable=progress is None or not jobs)

@@ -1,6 +1,6 @@
 """RLPR training: the adaptive std filter, the filtered GRPO step on the one loop, the variants (each once per
-training seed, `run_seeds`; every variant and seed, side by side where asked, `run_all`) and their held-out answers, the health check of each run, and the records notebook
-03 reports.
+training seed, `run_seeds`; every variant and seed, side by side where asked, `run_all`) and their held-out answers,
+the health check of each run, and the records notebook 03 reports.
 
 One step: draw `batch_prompts` questions, roll out G replies each (GRPOTrainer.collect), keep the prompts
 whose group reward std passes the filter and, while the kept prompts fall short of the batch, roll out a
