@@ -264,8 +264,7 @@ def update_phase(model_name: str, cfg: dict, reps: int, dtypes=("float32", "bflo
 
 def parallel_runs(model_name: str, cfg: dict, reps: int, workers: int = 2) -> dict:
     """Wall seconds of `workers` GRPO runs of reps + 1 steps each: sequential in this process (its threads), then in
-    `workers` processes at one thread each; and sequential / parallel. The precision is the notebooks' `auto`: bf16
-    where the device has bf16 kernels, else fp32 (models.resolve_dtype)."""
+    `workers` processes at one thread each; and sequential / parallel; in the notebooks' `auto` precision."""
     dtype = models.resolve_dtype("rollout_dtype", "auto")
     job = {"model_name": model_name, "cfg": cfg, "reps": reps, "rollout_dtype": dtype, "update_dtype": dtype}
     t0 = time.perf_counter()
@@ -273,8 +272,8 @@ def parallel_runs(model_name: str, cfg: dict, reps: int, workers: int = 2) -> di
     t1 = time.perf_counter()
     par = parallel.run_jobs(ours, [job] * workers, workers=workers)
     t2 = time.perf_counter()
-    return {"threads": torch.get_num_threads(), "workers": workers, "dtype": dtype, "sequential_s": t1 - t0, "parallel_s": t2 - t1,
-            "ratio": (t1 - t0) / (t2 - t1), "sequential_step_s": [r["step_s"] for r in seq],
+    return {"threads": torch.get_num_threads(), "workers": workers, "dtype": dtype, "sequential_s": t1 - t0,
+            "parallel_s": t2 - t1, "ratio": (t1 - t0) / (t2 - t1), "sequential_step_s": [r["step_s"] for r in seq],
             "parallel_step_s": [r["step_s"] for r in par]}
 
 
@@ -370,8 +369,7 @@ def main(argv=None) -> int:
               f"at {r['threads']} threads {r['sequential_s']:.1f} s; side by side at 1 thread each {r['parallel_s']:.1f} s; "
               f"sequential / parallel = {r['ratio']:.2f}x")
         seq, par = (statistics.mean(x for run in r[k] for x in run) for k in ("sequential_step_s", "parallel_step_s"))
-        print(f"steady step: {seq:.1f} s at {r['threads']} threads, {par:.1f} s a run side by side; throughput "
-              f"{r['workers'] * seq / par:.2f}x")
+        print(f"steady step: {seq:.1f} s vs {par:.1f} s a run side by side; throughput {r['workers'] * seq / par:.2f}x")
         if args.json:
             files.write_json(args.json, {"date": time.strftime("%Y-%m-%d"), **r})
         return 0
