@@ -3,6 +3,7 @@ the SFT-on-seed-questions baseline, the quality filter's known-quality questions
 the loop's seed-question samples (the replayed draws, the base on the same questions, every iteration's adapter)."""
 import copy
 import dataclasses
+import json
 
 import numpy as np
 import pandas as pd
@@ -11,7 +12,7 @@ import torch
 
 from replication.core import verdicts
 from replication.lm import judges, loop, models, tasks, training
-from replication.papers.mae import mae, mae_filter, mae_likelihood, mae_sft, mae_trace
+from replication.papers.mae import mae, mae_filter, mae_likelihood, mae_runs, mae_sft, mae_trace
 
 
 # ---- the likelihood judge ----------------------------------------------------------------------------------------
@@ -244,3 +245,53 @@ def test_replayed_draws_are_the_questions_the_loop_solved(monkeypatch, tmp_path)
     assert tr[(tr["iteration"] == 0) & (tr["decoding"] == "greedy")]["correct"].tolist() == base["correct"].tolist()
     with pytest.raises(ValueError, match="does not match"):
         mae_trace.against_base({**out, "verified": out["verified"][1:]}, cfg, rates)
+
+
+# ---- arm runs side by side ---------------------------------------------------------------------------------------
+
+def test_arm_runs_side_by_side_equal_the_runs_made_here_at_one_thread(tmp_path):
+    """run_arms with workers=2 trains each run in a spawned worker on a freshly loaded model (here the tiny model saved
+    as a checkpoint folder) and reads it back onto the notebook's model: the same rows and adapter weights as the
+    runs made one after another in this process at one thread, on a model that already carries other adapters."""
+    from replication.core import phases
+
+    model, tok = models.tiny_model(seed=0)
+    model.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    seeds = tasks.make_level("1d-1step-add", 6)
+    cfgs = [mae.MAEConfig(iterations=2, proposals=2, n_solve=2, pool_solve=2, question_tokens=8, answer_tokens=6,
+                          judge_tokens=6, lr=1e-2, score_rule="last_number", seed=s) for s in (0, 1, 0)]
+    names = ["one", "two", "three"]
+
+    def runs(base):
+        return [(n, seeds, c, loop.RunFolder(base / n)) for n, c in zip(names, cfgs)]
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        here, tok_here = models.load_model(str(tmp_path / "ckpt"))
+        here, sequential = mae_runs.run_arms(here, tok_here, str(tmp_path / "ckpt"), runs(tmp_path / "one"), workers=1)
+    finally:
+        torch.set_num_threads(before)
+    phases.reset()
+    there, tok_there = models.load_model(str(tmp_path / "ckpt"))
+    there, parallel_ = mae_runs.run_arms(there, tok_there, str(tmp_path / "ckpt"), runs(tmp_path / "two"), workers=2)
+    assert phases.reused_profile()["entries"] == 0   # read back, not reused: the workers made them in this call
+    for a, b in zip(sequential, parallel_):
+        assert json.dumps(_untimed(a["rows"])) == json.dumps(_untimed(b["rows"])) and a["pool"] == b["pool"]
+    assert json.dumps(_untimed(sequential[0]["rows"])) != json.dumps(_untimed(sequential[1]["rows"]))   # seeds differ
+    for n in names:
+        here.set_adapter(n)
+        there.set_adapter(n)
+        wa, wb = loop.trainable(here), loop.trainable(there)
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    again, tok_again = models.load_model(str(tmp_path / "ckpt"))
+    phases.reset()
+    mae_runs.run_arms(again, tok_again, str(tmp_path / "ckpt"), runs(tmp_path / "two"), workers=2)   # a rerun: all cached
+    assert phases.reused_profile()["entries"] == 3
+    with pytest.raises(ValueError, match="workers=0"):
+        mae_runs.run_arms(again, tok_again, "m", [], workers=0)
+
+
+def _untimed(rows):
+    return [{k: v for k, v in r.items() if not k.endswith("_s")} for r in rows]

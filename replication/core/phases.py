@@ -18,6 +18,7 @@ PHASES = ("generation for training", "generation for evaluation", "judging", "re
 _totals: dict = {}
 _stack: list = []   # [name, seconds so far, running since]
 _reused = {"entries": 0, "seconds": 0.0, "untimed": 0}   # cached results loaded instead of made, and what they cost
+_made_here = [0]   # > 0 inside made_here(): loads of what this execution made elsewhere are not reuse
 
 
 @contextmanager
@@ -59,9 +60,22 @@ def reset() -> None:
     _reused.update(entries=0, seconds=0.0, untimed=0)
 
 
+@contextmanager
+def made_here():
+    """Inside the block, loading a result is not counted as reuse: what it loads was made by this execution's own
+    workers (parallel.run_jobs), whose time absorb already counted."""
+    _made_here[0] += 1
+    try:
+        yield
+    finally:
+        _made_here[0] -= 1
+
+
 def reused(seconds) -> None:
     """Count one cached result loaded instead of made: `seconds`, the time it took when it was made (None: made
-    before times were recorded)."""
+    before times were recorded); nothing inside made_here()."""
+    if _made_here[0]:
+        return
     _reused["entries"] += 1
     if seconds is None:
         _reused["untimed"] += 1

@@ -268,13 +268,12 @@ def parallel_runs(model_name: str, cfg: dict, reps: int, workers: int = 2) -> di
     dtype = models.resolve_dtype("rollout_dtype", "auto")
     job = {"model_name": model_name, "cfg": cfg, "reps": reps, "rollout_dtype": dtype, "update_dtype": dtype}
     t0 = time.perf_counter()
-    seq = parallel.run_jobs(ours, [job] * workers, workers=1)
-    t1 = time.perf_counter()
-    par = parallel.run_jobs(ours, [job] * workers, workers=workers)
-    t2 = time.perf_counter()
-    return {"threads": torch.get_num_threads(), "workers": workers, "dtype": dtype, "sequential_s": t1 - t0,
-            "parallel_s": t2 - t1, "ratio": (t1 - t0) / (t2 - t1), "sequential_step_s": [r["step_s"] for r in seq],
-            "parallel_step_s": [r["step_s"] for r in par]}
+    seq, t1 = parallel.run_jobs(ours, [job] * workers, workers=1), time.perf_counter()
+    par, t2 = parallel.run_jobs(ours, [job] * workers, workers=workers), time.perf_counter()
+    step = {k: [r["step_s"] for r in rs] for k, rs in (("sequential_step_s", seq), ("parallel_step_s", par))}
+    mean = {k: statistics.mean(sum(v, [])) for k, v in step.items()}   # a steady step, over every run
+    return {"threads": torch.get_num_threads(), "workers": workers, "dtype": dtype, "sequential_s": t1 - t0, "parallel_s": t2 - t1,
+            "ratio": (t1 - t0) / (t2 - t1), **step, "throughput": workers * mean["sequential_step_s"] / mean["parallel_step_s"]}
 
 
 def plain_generate(model, tok, texts, max_new_tokens: int, batch_size: int = 16, temperature: float = 0.0,
@@ -367,9 +366,7 @@ def main(argv=None) -> int:
         r = parallel_runs(args.model, CONFIGS["workbook"], args.reps, args.workers)
         print(f"{r['workers']} GRPO runs of {args.reps + 1} steps (workbook config, {r['dtype']} rollout and update): one after another "
               f"at {r['threads']} threads {r['sequential_s']:.1f} s; side by side at 1 thread each {r['parallel_s']:.1f} s; "
-              f"sequential / parallel = {r['ratio']:.2f}x")
-        seq, par = (statistics.mean(x for run in r[k] for x in run) for k in ("sequential_step_s", "parallel_step_s"))
-        print(f"steady step: {seq:.1f} s vs {par:.1f} s a run side by side; throughput {r['workers'] * seq / par:.2f}x")
+              f"sequential / parallel = {r['ratio']:.2f}x; throughput of a steady step {r['throughput']:.2f}x")
         if args.json:
             files.write_json(args.json, {"date": time.strftime("%Y-%m-%d"), **r})
         return 0

@@ -38,6 +38,7 @@ class MAE(Params):
     n_question_problems: int = p()
     n_boot: int = p()
     batch_size: int = p()
+    workers: int = p()
 
     def check(self):
         self.at_most("n_probe", self.n_heldout, "n_heldout")

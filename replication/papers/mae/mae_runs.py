@@ -1,0 +1,36 @@
+"""Multi-Agent Evolve's arm runs side by side: each run trains in a worker process into its run folder, and the
+notebook's model reads it back as a finished run (mae.run_arm), so every later cell sees the same adapters."""
+import contextlib
+from typing import Optional
+
+from replication.core import config, phases
+from replication.lm import loop, models, parallel
+from . import mae
+
+
+def train_in_folder(model_name: str, name: str, seeds, cfg: mae.MAEConfig, folder: loop.RunFolder,
+                    keep: Optional[int] = 1) -> None:
+    """run_arm on a freshly loaded model, for its folder only (a worker of run_arms): the folder then holds the run."""
+    model, tok = models.load_model(model_name)
+    mae.run_arm(model, tok, name, seeds, cfg, folder, progress=False, keep=keep)
+
+
+def run_arms(model, tok, model_name: str, runs, workers: int = 1, keep: Optional[int] = 1):
+    """mae.run_arm for each of `runs` ((adapter name, seed questions, cfg, folder) each) on `model`, in order: (model,
+    [result]). With workers > 1 the runs not finished in their folders first train side by side, each in its own
+    process at one thread on a fresh model (parallel.run_jobs); each is then read back onto `model` as a finished
+    run (its final weights and logged rows), so the adapters and results are those of mae.run_arm's own runs, but
+    for the rounding of one thread. A run's adapter starts from its own seed (mae.new_adapter), whatever adapters the model
+    already has, so it does not matter where it trained."""
+    config.check_int("workers", workers)
+    todo = [dict(model_name=model_name, name=n, seeds=s, cfg=c, folder=f, keep=keep) for n, s, c, f in runs if not f.done]
+    made = set()
+    if workers > 1 and todo:
+        parallel.run_jobs(train_in_folder, todo, workers, progress=f"arm runs ({workers} side by side)")
+        made = {job["folder"].path for job in todo}
+    results = []
+    for name, seeds, cfg, folder in runs:   # reading back what the workers made is not reuse (phases.made_here)
+        with phases.made_here() if folder.path in made else contextlib.nullcontext():
+            model, result = mae.run_arm(model, tok, name, seeds, cfg, folder, keep=keep)
+        results.append(result)
+    return model, results
