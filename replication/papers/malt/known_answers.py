@@ -45,12 +45,18 @@ def first_answers(problems, seed: int = 0, k_max: int = K_MAX) -> dict:
     return {"right": right, "wrong": wrong, "k": ks}
 
 
+def chain_call(key: dict, name: str, problems, first: dict, **kw) -> dict:
+    """continue_chains' arguments as one malt_eval.variant_chains call (key, name, problems and its settings)."""
+    return dict(key={**key, "first answers": KIND, "k_max": K_MAX}, name=f"known-{name}", problems=list(problems) * 2,
+                k=1, g=first["wrong"] + first["right"], **kw)
+
+
 def continue_chains(cache, key: dict, name: str, model, tok, problems, first: dict, **kw) -> list:
     """The verifier's and refiner's turns after each known-wrong, then each known-right first answer (one chain each,
     malt_eval.variant_chains, cached as 'eval-known-<name>'): rows of the wrong answers first, question i's right
     answer at row len(problems) + i."""
-    return malt_eval.variant_chains(cache, {**key, "first answers": KIND, "k_max": K_MAX}, f"known-{name}", model, tok,
-                                    list(problems) * 2, k=1, g=first["wrong"] + first["right"], **kw)
+    call = chain_call(key, name, problems, first, **kw)
+    return malt_eval.variant_chains(cache, call.pop("key"), call.pop("name"), model, tok, call.pop("problems"), **call)
 
 
 def outcomes(rows) -> dict:

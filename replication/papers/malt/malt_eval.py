@@ -60,12 +60,17 @@ def reply_stats(rows) -> dict:
             "mean_chars": sum(len(x) for x in final) / n}
 
 
+def chain_entry(key: dict, name: str, **kw) -> tuple:
+    """The cache entry (its name, its key) of variant_chains(cache, key, name, ..., **kw): `key` plus the variant's
+    settings (not its first answers g, worked examples or sampling copy)."""
+    return f"eval-{name}", {**key, "variant": name, **{k: v for k, v in kw.items() if k not in ("g", "shots", "sampler")}}
+
+
 @phases.timed("generation for evaluation")
 def variant_chains(cache, key: dict, name: str, model, tok, problems, **kw) -> list:
     """run_chains(model, tok, problems, **kw) for one named variant, made once through
-    cache(name, key, make) (run.cached's signature); its key is `key` plus the variant's settings."""
-    return cache(f"eval-{name}", {**key, "variant": name, **{k: v for k, v in kw.items() if k not in ("g", "shots", "sampler")}},
-                 lambda: run_chains(model, tok, problems, **kw))
+    cache(name, key, make) (run.cached's signature) under chain_entry."""
+    return cache(*chain_entry(key, name, **kw), lambda: run_chains(model, tok, problems, **kw))
 
 
 def per_question(rows, vote: bool = False) -> np.ndarray:

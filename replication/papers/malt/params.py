@@ -33,3 +33,4 @@ class MALT(Params):
     max_sft: int = p()
     max_pairs: int = p()
     n_boot: int = p()
+    workers: int = p(minimum=1)
