@@ -71,3 +71,70 @@ def test_chains_side_by_side_equal_the_chains_made_here_at_one_thread(tmp_path):
     assert json.dumps(again) == json.dumps(side) and phases.reused_profile()["entries"] == 3
     with pytest.raises(ValueError, match="workers=0"):
         malt_runs.chains(None, two, there, tok_there, [], workers=0)
+
+
+def _sets(shift: int) -> dict:
+    """pooling -> (role -> SFT examples, role -> pairs), hand-made; local differs from global for the generator only,
+    as the poolings do (the verifier and refiner are then taken from the global arm)."""
+    sft = [("say a", "aaaa"), ("say b", "abab")]
+    pairs = [("say a", "aaaa", "zzzz"), ("say b", "abab", "zyzy"), ("go", "aaba", "zzyz"), ("hi", "baaa", "yzzz")]
+    pairs = pairs[shift:] + pairs[:shift]
+    glob = ({r: list(sft) for r in malt.ROLES}, {r: list(pairs) for r in malt.ROLES})
+    loc = ({**glob[0], "generator": sft[:1]}, {**glob[1], "generator": pairs[:2]})
+    return {"global": glob, "local": loc}
+
+
+def test_trees_and_arms_side_by_side_equal_those_made_here_at_one_thread(tmp_path):
+    from replication.lm import dpo
+
+    model, tok = models.tiny_model(seed=0)
+    model.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    problems = tasks.make_level("1d-1step-add", 2, seed=0)
+    tree_kw = dict(n=2, tokens=(4, 3, 4), temperature=1.0, batch_size=8)
+    keys = {3: {"seed": 3}, 4: {"seed": 4}}
+
+    def seeds(m):
+        init = {r: malt_training.adapter_state(m, r) for r in malt.ROLES}
+        return {s: dict(key={"seed": s}, init=malt_training.seed_init(init, s), sets=_sets(s - 3), validation=_sets(1),
+                        sft_cfg=dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, seed=s),
+                        dpo_cfg=dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, dpo_beta=0.5, seed=s + 10))
+                for s in (3, 4)}
+
+    here, tok_here = _fresh(tmp_path / "ckpt")
+    jobs = seeds(here)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = tmp_path / "one"
+        cached_one = functools.partial(cache.cached, one)
+        trees_here = malt_runs.trees(cached_one, one, here, tok_here, problems, keys, **tree_kw)
+        arms_here = malt_runs.train_arms(cached_one, one, here, tok_here, jobs)
+    finally:
+        torch.set_num_threads(before)
+    there, tok_there = _fresh(tmp_path / "ckpt")
+    two = tmp_path / "two"
+    cached_two = functools.partial(cache.cached, two)
+    phases.reset()
+    trees_there = malt_runs.trees(cached_two, two, there, tok_there, problems, keys, workers=2,
+                                  model_name=str(tmp_path / "ckpt"), lora_r=8, **tree_kw)
+    arms_there = malt_runs.train_arms(cached_two, two, there, tok_there, jobs, workers=2,
+                                      model_name=str(tmp_path / "ckpt"), lora_r=8)
+    assert phases.reused_profile()["entries"] == 0   # made by this call's workers: not counted as reuse
+    assert trees_here == trees_there and trees_here[3] != trees_here[4] and len(trees_there[3]["r"]) == 16
+    for s in (3, 4):
+        for p in malt.POOLINGS:
+            a, b = arms_here[s][p], arms_there[s][p]
+            assert json.dumps(a["logs"]) == json.dumps(b["logs"]) and a["reused"] == b["reused"]
+            for st in ("sft", "dpo"):
+                for r in malt.ROLES:
+                    wa, wb = a[st]["weights"][r], b[st]["weights"][r]
+                    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+        assert arms_there[s]["local"]["reused"] == ["verifier", "refiner"]   # the same data as the global arm
+    assert json.dumps(arms_there[3]["global"]["logs"]) != json.dumps(arms_there[4]["global"]["logs"])
+    last = arms_there[4]["local"]["dpo"]["weights"]   # the model ends with the last seed's last arm
+    assert all(torch.equal(malt_training.adapter_state(there, r)[k], last[r][k]) for r in malt.ROLES for k in last[r])
+    phases.reset()
+    assert malt_runs.trees(cached_two, two, there, tok_there, problems, keys, workers=2, model_name="cached", **tree_kw) == trees_there
+    malt_runs.train_arms(cached_two, two, there, tok_there, jobs, workers=2, model_name="cached")
+    assert phases.reused_profile()["entries"] == 2 + 2 * 4   # two seeds' trees; per seed two arms x (SFT, DPO)

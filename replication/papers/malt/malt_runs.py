@@ -1,6 +1,8 @@
-"""MALT's held-out chains side by side: each trained variant's chains (a training seed's stage weights on the
-held-out questions, or its verifier and refiner after known first answers) are made in a worker process into the
-notebook's cache, then read back in order on the notebook's model, so every later cell sees the same rows."""
+"""MALT's per-seed work side by side: each training seed's trees, its two arms (SFT then DPO, both poolings) and each
+trained variant's held-out chains (a seed's stage weights on the held-out questions, or its verifier and refiner
+after known first answers) are made in worker processes into the notebook's cache, then read back in order on the
+notebook's model, so every later cell sees the same values and weights. With workers=1 everything is made here, one
+after another, as the notebook did before."""
 import contextlib
 import functools
 
@@ -9,12 +11,92 @@ from replication.lm import models, parallel
 from . import malt, malt_eval, malt_training
 
 
+def _fresh_model(model_name: str, lora_r: int):
+    model, tok = models.load_model(model_name)
+    return malt_training.add_role_adapters(model, r=lora_r, alpha=2 * lora_r), tok
+
+
+def _intact(folder, entry: str, key) -> bool:
+    return cache.load(cache.path_for(folder, entry, key), key)[1] == "ok"
+
+
+def _side_by_side(fn, jobs: dict, workers: int, what: str) -> set:
+    """Run fn(**job) for each of `jobs` ({id: job}) in `workers` processes (none when empty); the ids made."""
+    if jobs:
+        parallel.run_jobs(fn, list(jobs.values()), workers, progress=f"{what} ({workers} side by side)")
+    return set(jobs)
+
+
+def trees_in_worker(model_name: str, lora_r: int, rollout_dtype: str, folder, key: dict, problems, **kw) -> None:
+    """One seed's trees (malt.sample_trees with the base model's roles) into the cache `folder` (a worker of trees)."""
+    model, tok = _fresh_model(model_name, lora_r)
+    sampler = malt.sampling_copy(model, rollout_dtype)
+    cache.cached(folder, "trees", key, lambda: malt.sample_trees(model, tok, problems, sampler=sampler, **kw))
+
+
+def trees(cached, folder, model, tok, problems, keys: dict, workers: int = 1, model_name: str = None,
+          lora_r: int = 16, rollout_dtype: str = "float32", sampler=None, **kw) -> dict:
+    """{seed: malt.sample_trees(model, tok, problems, seed=seed, sampler=sampler, **kw)} for each seed of `keys`
+    ({seed: its cache key}), made once through cached("trees", key, ...); with workers > 1 the seeds not in the cache
+    `folder` first side by side (chains' docstring)."""
+    config.check_int("workers", workers)
+    made = set()
+    if workers > 1:
+        made = _side_by_side(trees_in_worker, {s: dict(model_name=model_name, lora_r=lora_r, rollout_dtype=rollout_dtype,
+                                                       folder=folder, key=k, problems=problems, seed=s, **kw)
+                                               for s, k in keys.items() if not _intact(folder, "trees", k)},
+                             workers, "trees")
+    out = {}
+    for s, k in keys.items():
+        with phases.made_here() if s in made else contextlib.nullcontext():
+            out[s] = cached("trees", k, lambda: malt.sample_trees(model, tok, problems, seed=s, sampler=sampler, **kw))
+    return out
+
+
+def seed_arms(cached, model, tok, key: dict, init: dict, sets: dict, validation: dict, sft_cfg, dpo_cfg,
+              reference: str = "sft") -> dict:
+    """{pooling: malt_training.train_arm(...)} for one training seed: each pooling's arm from the seed's initial
+    adapters `init`, on its sets and validation ({pooling: ...}); a later arm takes the roles it trains on the same
+    data as the first arm from that arm."""
+    out, first = {}, malt.POOLINGS[0]
+    for p in malt.POOLINGS:
+        reuse = (out[first], sets[first], validation[first]) if out else None
+        out[p] = malt_training.train_arm(cached, key, p, model, tok, init, sets[p], validation[p], sft_cfg, dpo_cfg,
+                                         reference, reuse=reuse)
+    return out
+
+
+def arms_in_worker(model_name: str, lora_r: int, folder, **kw) -> None:
+    """seed_arms on a freshly loaded model into the cache `folder` (a worker of train_arms)."""
+    model, tok = _fresh_model(model_name, lora_r)
+    seed_arms(functools.partial(cache.cached, folder), model, tok, **kw)
+
+
+def train_arms(cached, folder, model, tok, seeds: dict, workers: int = 1, model_name: str = None,
+               lora_r: int = 16) -> dict:
+    """{seed: seed_arms(cached, model, tok, **seeds[seed])} in order; with workers > 1 the seeds whose last arm is not
+    in the cache `folder` first train side by side, one seed a worker (chains' docstring). A stage's training has
+    its own seeds (its PreferenceConfig) and starts from the seed's `init`, so where it ran does not matter but for
+    the rounding of one thread. The model ends with the last seed's last arm's weights."""
+    config.check_int("workers", workers)
+    made, last = set(), malt.POOLINGS[-1]
+    if workers > 1:
+        made = _side_by_side(arms_in_worker, {s: dict(model_name=model_name, lora_r=lora_r, folder=folder, **kw)
+                                              for s, kw in seeds.items()
+                                              if not _intact(folder, f"dpo-{last}", {**kw["key"], "arm": last})},
+                             workers, "arms")
+    out = {}
+    for s, kw in seeds.items():
+        with phases.made_here() if s in made else contextlib.nullcontext():
+            out[s] = seed_arms(cached, model, tok, **kw)
+    return out
+
+
 def chains_in_worker(model_name: str, lora_r: int, rollout_dtype: str, folder, stage: dict, key: dict, name: str,
                      problems, **kw) -> None:
     """One variant_chains call on a freshly loaded model carrying `stage`'s weights in every role, into the cache
     `folder` (a worker of chains): the entry is then there for the notebook to read."""
-    model, tok = models.load_model(model_name)
-    model = malt_training.add_role_adapters(model, r=lora_r, alpha=2 * lora_r)
+    model, tok = _fresh_model(model_name, lora_r)
     malt_training.load_stage(model, stage)
     sampler = malt.sampling_copy(model, rollout_dtype)
     malt_eval.variant_chains(functools.partial(cache.cached, folder), key, name, model, tok, problems, sampler=sampler,
@@ -36,17 +118,13 @@ def chains(cached, folder, model, tok, calls, workers: int = 1, model_name: str 
     calls = [dict(c) for c in calls]
     made = set()
     if workers > 1:
-        todo = []
-        for i, c in enumerate(calls):
-            settings = {k: v for k, v in c.items() if k not in ("stage", "key", "name", "problems")}
-            entry, key = malt_eval.chain_entry(c["key"], c["name"], **settings)
-            if cache.load(cache.path_for(folder, entry, key), key)[1] != "ok":
-                todo.append(i)
-        jobs = [dict(model_name=model_name, lora_r=lora_r, rollout_dtype=rollout_dtype, folder=folder,
-                     **{k: v for k, v in calls[i].items() if k != "sampler"}) for i in todo]
-        if jobs:
-            parallel.run_jobs(chains_in_worker, jobs, workers, progress=f"held-out chains ({workers} side by side)")
-        made = set(todo)
+        entries = [malt_eval.chain_entry(c["key"], c["name"], **{k: v for k, v in c.items()
+                                                                if k not in ("stage", "key", "name", "problems")})
+                   for c in calls]
+        made = _side_by_side(chains_in_worker, {i: dict(model_name=model_name, lora_r=lora_r, rollout_dtype=rollout_dtype,
+                                                        folder=folder, **{k: v for k, v in c.items() if k != "sampler"})
+                                                for i, c in enumerate(calls) if not _intact(folder, *entries[i])},
+                             workers, "held-out chains")
     out = []
     for i, c in enumerate(calls):
         malt_training.load_stage(model, c.pop("stage"))
