@@ -107,3 +107,64 @@ def test_summary_over_seeds_health_and_arm_records():
     assert records[0]["healthy"] and not records[1]["healthy"] and records[1]["failed_checks"] == ["learned"]
     assert out["health"] == "failed health check: rlvr lr 0.0001 seed 1 (learned)"   # named beside the gain, still measured
     assert out["gain_excludes_0"]
+
+
+def test_runs_side_by_side_equal_the_runs_made_here_at_one_thread(tmp_path):
+    """train_runs with workers=2 trains the unfinished runs in spawned workers on fresh policies (here the tiny model
+    saved as a checkpoint folder) and reads each back: the same rows as the runs made here at one thread; a run that
+    continues a finished one (the pick's first seed) continues it; a rerun trains nothing."""
+    import json
+
+    import torch
+
+    from replication.core import phases
+    from replication.lm import loop, models
+
+    model, tok = models.tiny_model(seed=0)
+    model.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    train, heldout = tasks.split("1d-1step-add", 6, 3, seed=0)
+    common = dict(train=train, heldout=heldout, shots=(), prompts_per_step=2, eval_every=1, batch_size=4)
+
+    def runs(base, steps, seeds):
+        return [dict(policy_seed=s, cfg=grpo.GRPOConfig(num_generations=2, max_new_tokens=4, lr=lr, kl_beta=0.0,
+                                                        temperature=1.0, seed=s),
+                     steps=steps, folder=loop.RunFolder(base / f"lr{lr:g}-s{s}"), **common) for lr, s in seeds]
+
+    def untimed(rows):
+        return json.dumps([{k: v for k, v in r.items() if not k.endswith("_s")} for r in rows])
+
+    ckpt = str(tmp_path / "ckpt")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    phases.reset()
+    try:
+        sweep_here = yardstick.train_runs(ckpt, 4, runs(tmp_path / "one", 2, [(1e-3, 0), (1e-2, 0)]))
+        seeds_here = yardstick.train_runs(ckpt, 4, runs(tmp_path / "one", 3, [(1e-2, 0), (1e-2, 1)]))
+    finally:
+        torch.set_num_threads(before)
+    # the pick's first seed restores the sweep's steps: one reuse, as the loop counts a continued run's earlier steps
+    assert phases.reused_profile()["entries"] == 1
+    phases.reset()
+    sweep_there = yardstick.train_runs(ckpt, 4, runs(tmp_path / "two", 2, [(1e-3, 0), (1e-2, 0)]), workers=2)
+    seeds_there = yardstick.train_runs(ckpt, 4, runs(tmp_path / "two", 3, [(1e-2, 0), (1e-2, 1)]), workers=2)
+    assert phases.reused_profile()["entries"] == 1       # the same, in the worker; reading back adds no reuse
+    for a, b in zip(sweep_here + seeds_here, sweep_there + seeds_there):
+        assert untimed(a) == untimed(b)
+    assert [len(r) for r in sweep_there + seeds_there] == [2, 2, 3, 3]
+    assert untimed(seeds_there[0][:2]) == untimed(sweep_there[1])   # the pick's first seed continues the sweep's run
+    assert all("eval_accuracy" in r for r in seeds_there[1])
+
+    def weights(base, name):   # the run's last checkpoint: the adapter it trained from its policy seed's start
+        return loop.RunFolder(base / name).latest()
+
+    for name in ("lr0.001-s0", "lr0.01-s0", "lr0.01-s1"):
+        a, b = (torch.load(weights(tmp_path / d, name), weights_only=False)["weights"] for d in ("one", "two"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    s0, s1 = (torch.load(weights(tmp_path / "two", n), weights_only=False)["weights"] for n in ("lr0.01-s0", "lr0.01-s1"))
+    assert not all(torch.equal(s0[k], s1[k]) for k in s0)            # each seed its own LoRA start
+    phases.reset()
+    yardstick.train_runs(ckpt, 4, runs(tmp_path / "two", 3, [(1e-2, 0), (1e-2, 1)]), workers=2)   # finished: read only
+    assert phases.reused_profile()["entries"] == 2
+    with pytest.raises(ValueError, match="workers=0"):
+        yardstick.train_runs(ckpt, 4, [], workers=0)

@@ -34,6 +34,7 @@ class Setup(Params):
     yardstick_steps: int = p()
     eval_every: int = p()
     lora_r: int = p()
+    workers: int = p(minimum=1)
 
     def check(self):
         self.at_most("prompts_per_step", self.throughput_prompts, "throughput_prompts")

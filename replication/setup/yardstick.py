@@ -15,14 +15,15 @@ length the comparisons use. Three pieces:
   the interval covers seeds, then problems (stats.two_level_bootstrap), each seed's gain beside it. `summary` reads
   the last step through arms.compare, with each seed's health check.
 """
+import contextlib
 import dataclasses
 import random
 
 import numpy as np
 import pandas as pd
 
-from replication.core import config, stats
-from replication.lm import arms, grpo, loop, models, tasks
+from replication.core import config, files, phases, stats
+from replication.lm import arms, grpo, loop, models, parallel, tasks
 
 
 def prompts_for(problems, shots) -> list:
@@ -173,6 +174,41 @@ def fresh_policy(model_name: str, lora_r: int, seed: int):
     model, tok = models.load_model(model_name)
     torch.manual_seed(config.derive_seed(seed, "yardstick-lora"))
     return models.add_lora(model, r=lora_r, alpha=2 * lora_r), tok
+
+
+def train_in_folder(model_name: str, lora_r: int, policy_seed: int, **kw) -> None:
+    """train_curve on a fresh policy (fresh_policy), for its folder only (a worker of train_runs)."""
+    policy, tok = fresh_policy(model_name, lora_r, policy_seed)
+    train_curve(policy, tok, progress=False, **kw)
+
+
+def finished(folder: loop.RunFolder, steps: int) -> bool:
+    """The run in `folder` has trained at least `steps` steps (its done marker says how many)."""
+    return folder.done and files.read_json(folder.path / "done.json").get("steps", 0) >= steps
+
+
+def train_runs(model_name: str, lora_r: int, runs, workers: int = 1) -> list:
+    """train_curve for each of `runs` (dicts: policy_seed, folder and train_curve's other arguments but the model
+    and tokenizer) on a fresh policy (fresh_policy(model_name, lora_r, policy_seed)), in order: their rows. With
+    workers > 1 the runs not finished in their folders first train side by side, each in its own process at one
+    thread (parallel.run_jobs); each is then read back here from its folder (not counted as reuse). A run's rows
+    do not depend on where it trained but for the rounding of one thread: fresh_policy seeds its adapter and the
+    training draws and samples from cfg.seed."""
+    config.check_int("workers", workers)
+    runs = [dict(r) for r in runs]
+    made = set()
+    if workers > 1:
+        todo = [i for i, r in enumerate(runs) if not finished(r["folder"], r["steps"])]
+        if todo:
+            parallel.run_jobs(train_in_folder, [dict(model_name=model_name, lora_r=lora_r, **runs[i]) for i in todo],
+                              workers, progress=f"yardstick runs ({workers} side by side)")
+        made = set(todo)
+    out = []
+    for i, r in enumerate(runs):
+        policy, tok = fresh_policy(model_name, lora_r, r.pop("policy_seed"))
+        with phases.made_here() if i in made else contextlib.nullcontext():
+            out.append(train_curve(policy, tok, **r))
+    return out
 
 
 def choose_lr(summary: pd.DataFrame) -> float:
