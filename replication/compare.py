@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from replication.core import config, verdicts
+from replication.forest import short_claim
 
 NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)*")
 
@@ -121,8 +122,6 @@ MARK = {"same": "=", "changed": "!", "only old": "-", "only new": "+"}
 def format_rows(rows, width: int = 72) -> str:
     """The rows as text: per claim a line with its mark (= same verdict, ! changed, - only in the old ledger, + only
     in the new), its short text and n, then one line per ledger with the verdict and the estimate [interval]."""
-    from replication.forest import short_claim
-
     lines, stem = [], None
     for r in rows:
         if r["notebook"] != stem:
@@ -162,8 +161,6 @@ def log_changes(stem: str, before, after: dict, log=print) -> dict:
         + "".join(f", {counts[k]} {k}" for k in ("only old", "only new") if counts[k]))
     for r in rows:
         if status(r) == "changed":
-            from replication.forest import short_claim
-
             words = [verdicts.label({**r[s], "health": None}) for s in ("old", "new")]
             how = f"{words[0]} -> {words[1]}" if words[0] != words[1] else f"{words[0]}, its health note changed"
             nums = [_measured(r[s]) for s in ("old", "new")]
