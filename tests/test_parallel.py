@@ -103,3 +103,39 @@ def test_workers_put_models_on_the_device_this_process_uses():
         assert parallel.run_jobs(where, [{}, {}], workers=2) == ["cuda", "cuda"]
     finally:
         models.use_device("cpu")
+
+
+def square_into(folder: str, i: int) -> int:
+    """i * i into the cache `folder` (a worker of made_then_read's test)."""
+    from replication.core import cache
+
+    return cache.cached(folder, "square", {"i": i}, lambda: i * i)
+
+
+def test_made_then_read_makes_the_missing_pieces_in_workers_and_reads_every_piece_in_order(tmp_path):
+    from replication.core import cache
+
+    folder = str(tmp_path)
+    cache.cached(folder, "square", {"i": 2}, lambda: 4)              # made before: read, not made again
+    read_made = []
+
+    def pending(i):
+        return None if cache.intact(folder, "square", {"i": i}) else {"folder": folder, "i": i}
+
+    def read(i):
+        read_made.append(phases._made_here[0] > 0)
+        return cache.cached(folder, "square", {"i": i}, lambda: -1)  # -1: made here, which a worker should have done
+
+    phases.reset()
+    values, made = parallel.made_then_read([3, 2, 5], pending, square_into, read, workers=2, what="squares")
+    assert values == [9, 4, 25] and made == {3: 9, 5: 25}
+    assert read_made == [True, False, True]                          # only what a worker made is not counted as reuse
+    assert phases.reused_profile()["entries"] == 1
+    read_made.clear()
+    again, made = parallel.made_then_read([3, 2, 7], pending, square_into, read, workers=1)
+    assert again == [9, 4, -1] and made == {} and read_made == [False] * 3   # workers=1: read makes it here
+    with pytest.raises(ValueError, match="workers=0"):
+        parallel.made_then_read([], pending, square_into, read, workers=0)
+    assert not cache.intact(folder, "square", {"i": 8}) and cache.intact(folder, "square", {"i": 7})
+    (cache.path_for(folder, "square", {"i": 7}) / "value.json").write_text("0")
+    assert not cache.intact(folder, "square", {"i": 7})             # a changed value no longer matches its checksum

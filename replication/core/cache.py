@@ -37,20 +37,35 @@ def load(path: Path, key):
     return value, status
 
 
-def _load(path: Path, key):
-    """load's (value, status) and the entry's meta (None unless intact), read once."""
+def _check(path: Path, key):
+    """(status, meta, data) of the entry at path: status 'ok' when it is intact and made for key (meta and data
+    None otherwise); nothing is decoded."""
     meta_path = path / "meta.json"
     if not meta_path.is_file():
-        return None, "missing", None
+        return "missing", None, None
     try:
         meta = files.read_json(meta_path)
         data = (path / meta["file"]).read_bytes()
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return None, f"unreadable ({type(e).__name__})", None
+        return f"unreadable ({type(e).__name__})", None, None
     if meta.get("key") != json.loads(json.dumps(key, default=files._jsonable)):
-        return None, "made for a different key", None
+        return "made for a different key", None, None
     if meta.get("sha256") != _sha(data):
-        return None, "contents do not match their checksum", None
+        return "contents do not match their checksum", None, None
+    return "ok", meta, data
+
+
+def intact(folder, name: str, key) -> bool:
+    """cached(folder, name, key, ...) would load its entry (intact and made for key) rather than make it; checked
+    without decoding the value."""
+    return _check(path_for(folder, name, key), key)[0] == "ok"
+
+
+def _load(path: Path, key):
+    """load's (value, status) and the entry's meta (None unless intact), read once."""
+    status, meta, data = _check(path, key)
+    if status != "ok":
+        return None, status, None
     if meta["kind"] == "torch":
         import io
 

@@ -13,7 +13,13 @@ be a module-level function and the jobs' values picklable; a cached or resumable
 writes its cache from the worker, so an interrupted parallel run resumes like a sequential one. The workers' phase
 profiles come back with their results and are counted here (phases.absorb), so the notebook's profile still covers
 the work.
+
+`made_then_read` is the pattern every notebook's side-by-side work follows: the pieces not yet made (not in the
+cache, run folder unfinished) are made in workers, then every piece is read back here in order, so later cells see
+the same values and weights either way; a read-back of what a worker made in this execution is not reuse
+(phases.made_here).
 """
+import contextlib
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -76,3 +82,34 @@ def run_jobs(fn, jobs, workers: int = 1, progress: str = None) -> list:
     bar.close()
     phases.absorb([done[i][1] for i in range(len(jobs))], time.perf_counter() - t0)
     return [done[i][0] for i in range(len(jobs))]
+
+
+def make_pending(fn, jobs: dict, workers: int, what: str) -> dict:
+    """{id: fn(**job)} for each of `jobs` ({id: job}, the pieces still to make) side by side when workers > 1 (a bar
+    named `what`); nothing when workers == 1 (the read-back makes them here) or there are none."""
+    config.check_int("workers", workers, minimum=1)
+    if workers == 1 or not jobs:
+        return {}
+    return dict(zip(jobs, run_jobs(fn, list(jobs.values()), workers, progress=f"{what} ({workers} side by side)")))
+
+
+def read_in_order(ids, read, made) -> list:
+    """[read(i) for i in ids], each inside phases.made_here() when a worker made it in this execution (`made`: those
+    ids), so loading it is not counted as reuse."""
+    out = []
+    for i in ids:
+        with phases.made_here() if i in made else contextlib.nullcontext():
+            out.append(read(i))
+    return out
+
+
+def made_then_read(ids, pending, fn, read, workers: int = 1, what: str = "runs"):
+    """The module docstring's pattern: pending(i) gives fn's job for a piece still to make (None when it is made
+    already); with workers > 1 those jobs run side by side first (make_pending), then read(i) for every id in order
+    (read_in_order), which makes a piece here when workers == 1. Returns ([read(i)], {id: fn's result} of the pieces
+    the workers made)."""
+    config.check_int("workers", workers, minimum=1)
+    ids = list(ids)
+    jobs = {} if workers == 1 else {i: job for i in ids if (job := pending(i)) is not None}
+    made = make_pending(fn, jobs, workers, what)
+    return read_in_order(ids, read, made), made

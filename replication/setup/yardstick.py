@@ -15,14 +15,13 @@ length the comparisons use. Three pieces:
   the interval covers seeds, then problems (stats.two_level_bootstrap), each seed's gain beside it. `summary` reads
   the last step through arms.compare, with each seed's health check.
 """
-import contextlib
 import dataclasses
 import random
 
 import numpy as np
 import pandas as pd
 
-from replication.core import config, files, phases, stats
+from replication.core import config, files, stats
 from replication.lm import arms, grpo, loop, models, parallel, tasks
 
 
@@ -196,19 +195,16 @@ def train_runs(model_name: str, lora_r: int, runs, workers: int = 1) -> list:
     training draws and samples from cfg.seed."""
     config.check_int("workers", workers)
     runs = [dict(r) for r in runs]
-    made = set()
-    if workers > 1:
-        todo = [i for i, r in enumerate(runs) if not finished(r["folder"], r["steps"])]
-        if todo:
-            parallel.run_jobs(train_in_folder, [dict(model_name=model_name, lora_r=lora_r, **runs[i]) for i in todo],
-                              workers, progress=f"yardstick runs ({workers} side by side)")
-        made = set(todo)
-    out = []
-    for i, r in enumerate(runs):
+
+    def pending(i):
+        return None if finished(runs[i]["folder"], runs[i]["steps"]) else dict(model_name=model_name, lora_r=lora_r, **runs[i])
+
+    def read(i):
+        r = dict(runs[i])
         policy, tok = fresh_policy(model_name, lora_r, r.pop("policy_seed"))
-        with phases.made_here() if i in made else contextlib.nullcontext():
-            out.append(train_curve(policy, tok, **r))
-    return out
+        return train_curve(policy, tok, **r)
+
+    return parallel.made_then_read(range(len(runs)), pending, train_in_folder, read, workers, "yardstick runs")[0]
 
 
 def choose_lr(summary: pd.DataFrame) -> float:

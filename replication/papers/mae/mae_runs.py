@@ -1,9 +1,8 @@
 """Multi-Agent Evolve's arm runs side by side: each run trains in a worker process into its run folder, and the
 notebook's model reads it back as a finished run (mae.run_arm), so every later cell sees the same adapters."""
-import contextlib
 from typing import Optional
 
-from replication.core import config, phases
+from replication.core import config
 from replication.lm import loop, models, parallel
 from . import mae
 
@@ -23,14 +22,15 @@ def run_arms(model, tok, model_name: str, runs, workers: int = 1, keep: Optional
     for the rounding of one thread. A run's adapter starts from its own seed (mae.new_adapter), whatever adapters the model
     already has, so it does not matter where it trained."""
     config.check_int("workers", workers)
-    todo = [dict(model_name=model_name, name=n, seeds=s, cfg=c, folder=f, keep=keep) for n, s, c, f in runs if not f.done]
-    made = set()
-    if workers > 1 and todo:
-        parallel.run_jobs(train_in_folder, todo, workers, progress=f"arm runs ({workers} side by side)")
-        made = {job["folder"].path for job in todo}
-    results = []
-    for name, seeds, cfg, folder in runs:   # reading back what the workers made is not reuse (phases.made_here)
-        with phases.made_here() if folder.path in made else contextlib.nullcontext():
-            model, result = mae.run_arm(model, tok, name, seeds, cfg, folder, keep=keep)
-        results.append(result)
-    return model, results
+    runs, holder = list(runs), [model]
+
+    def pending(i):
+        name, seeds, cfg, folder = runs[i]
+        return None if folder.done else dict(model_name=model_name, name=name, seeds=seeds, cfg=cfg, folder=folder, keep=keep)
+
+    def read(i):
+        holder[0], result = mae.run_arm(holder[0], tok, *runs[i], keep=keep)
+        return result
+
+    results, _ = parallel.made_then_read(range(len(runs)), pending, train_in_folder, read, workers, "arm runs")
+    return holder[0], results

@@ -3,10 +3,9 @@ trained variant's held-out chains (a seed's stage weights on the held-out questi
 after known first answers) are made in worker processes into the notebook's cache, then read back in order on the
 notebook's model, so every later cell sees the same values and weights. With workers=1 everything is made here, one
 after another, as the notebook did before."""
-import contextlib
 import functools
 
-from replication.core import cache, config, phases
+from replication.core import cache
 from replication.lm import models, parallel
 from . import malt, malt_eval, malt_training
 
@@ -14,17 +13,6 @@ from . import malt, malt_eval, malt_training
 def _fresh_model(model_name: str, lora_r: int):
     model, tok = models.load_model(model_name)
     return malt_training.add_role_adapters(model, r=lora_r, alpha=2 * lora_r), tok
-
-
-def _intact(folder, entry: str, key) -> bool:
-    return cache.load(cache.path_for(folder, entry, key), key)[1] == "ok"
-
-
-def _side_by_side(fn, jobs: dict, workers: int, what: str) -> set:
-    """Run fn(**job) for each of `jobs` ({id: job}) in `workers` processes (none when empty); the ids made."""
-    if jobs:
-        parallel.run_jobs(fn, list(jobs.values()), workers, progress=f"{what} ({workers} side by side)")
-    return set(jobs)
 
 
 def trees_in_worker(model_name: str, lora_r: int, rollout_dtype: str, folder, key: dict, problems, **kw) -> None:
@@ -39,18 +27,17 @@ def trees(cached, folder, model, tok, problems, keys: dict, workers: int = 1, mo
     """{seed: malt.sample_trees(model, tok, problems, seed=seed, sampler=sampler, **kw)} for each seed of `keys`
     ({seed: its cache key}), made once through cached("trees", key, ...); with workers > 1 the seeds not in the cache
     `folder` first side by side (chains' docstring)."""
-    config.check_int("workers", workers)
-    made = set()
-    if workers > 1:
-        made = _side_by_side(trees_in_worker, {s: dict(model_name=model_name, lora_r=lora_r, rollout_dtype=rollout_dtype,
-                                                       folder=folder, key=k, problems=problems, seed=s, **kw)
-                                               for s, k in keys.items() if not _intact(folder, "trees", k)},
-                             workers, "trees")
-    out = {}
-    for s, k in keys.items():
-        with phases.made_here() if s in made else contextlib.nullcontext():
-            out[s] = cached("trees", k, lambda: malt.sample_trees(model, tok, problems, seed=s, sampler=sampler, **kw))
-    return out
+    keys = dict(keys)
+
+    def pending(s):
+        return None if cache.intact(folder, "trees", keys[s]) else dict(
+            model_name=model_name, lora_r=lora_r, rollout_dtype=rollout_dtype, folder=folder, key=keys[s],
+            problems=problems, seed=s, **kw)
+
+    def read(s):
+        return cached("trees", keys[s], lambda: malt.sample_trees(model, tok, problems, seed=s, sampler=sampler, **kw))
+
+    return dict(zip(keys, parallel.made_then_read(keys, pending, trees_in_worker, read, workers, "trees")[0]))
 
 
 def seed_arms(cached, model, tok, key: dict, init: dict, sets: dict, validation: dict, sft_cfg, dpo_cfg,
@@ -78,18 +65,17 @@ def train_arms(cached, folder, model, tok, seeds: dict, workers: int = 1, model_
     in the cache `folder` first train side by side, one seed a worker (chains' docstring). A stage's training has
     its own seeds (its PreferenceConfig) and starts from the seed's `init`, so where it ran does not matter but for
     the rounding of one thread. The model ends with the last seed's last arm's weights."""
-    config.check_int("workers", workers)
-    made, last = set(), malt.POOLINGS[-1]
-    if workers > 1:
-        made = _side_by_side(arms_in_worker, {s: dict(model_name=model_name, lora_r=lora_r, folder=folder, **kw)
-                                              for s, kw in seeds.items()
-                                              if not _intact(folder, f"dpo-{last}", {**kw["key"], "arm": last})},
-                             workers, "arms")
-    out = {}
-    for s, kw in seeds.items():
-        with phases.made_here() if s in made else contextlib.nullcontext():
-            out[s] = seed_arms(cached, model, tok, **kw)
-    return out
+    last = malt.POOLINGS[-1]
+
+    def pending(s):
+        kw = seeds[s]
+        return None if cache.intact(folder, f"dpo-{last}", {**kw["key"], "arm": last}) else dict(
+            model_name=model_name, lora_r=lora_r, folder=folder, **kw)
+
+    def read(s):
+        return seed_arms(cached, model, tok, **seeds[s])
+
+    return dict(zip(seeds, parallel.made_then_read(seeds, pending, arms_in_worker, read, workers, "arms")[0]))
 
 
 def chains_in_worker(model_name: str, lora_r: int, rollout_dtype: str, folder, stage: dict, key: dict, name: str,
@@ -114,20 +100,19 @@ def chains(cached, folder, model, tok, calls, workers: int = 1, model_name: str 
     copy in `rollout_dtype`); reading them back here is not counted as reuse (phases.made_here). Their rows are those
     of the calls made here, but for the rounding of one thread: each call's sampling has its own seeds and each
     role's weights are the stage's, whatever ran on the model before."""
-    config.check_int("workers", workers)
     calls = [dict(c) for c in calls]
-    made = set()
-    if workers > 1:
-        entries = [malt_eval.chain_entry(c["key"], c["name"], **{k: v for k, v in c.items()
-                                                                if k not in ("stage", "key", "name", "problems")})
-                   for c in calls]
-        made = _side_by_side(chains_in_worker, {i: dict(model_name=model_name, lora_r=lora_r, rollout_dtype=rollout_dtype,
-                                                        folder=folder, **{k: v for k, v in c.items() if k != "sampler"})
-                                                for i, c in enumerate(calls) if not _intact(folder, *entries[i])},
-                             workers, "held-out chains")
-    out = []
-    for i, c in enumerate(calls):
+
+    def pending(i):
+        c = calls[i]
+        entry = malt_eval.chain_entry(c["key"], c["name"], **{k: v for k, v in c.items()
+                                                              if k not in ("stage", "key", "name", "problems")})
+        return None if cache.intact(folder, *entry) else dict(
+            model_name=model_name, lora_r=lora_r, rollout_dtype=rollout_dtype, folder=folder,
+            **{k: v for k, v in c.items() if k != "sampler"})
+
+    def read(i):
+        c = dict(calls[i])
         malt_training.load_stage(model, c.pop("stage"))
-        with phases.made_here() if i in made else contextlib.nullcontext():
-            out.append(malt_eval.variant_chains(cached, c.pop("key"), c.pop("name"), model, tok, c.pop("problems"), **c))
-    return out
+        return malt_eval.variant_chains(cached, c.pop("key"), c.pop("name"), model, tok, c.pop("problems"), **c)
+
+    return parallel.made_then_read(range(len(calls)), pending, chains_in_worker, read, workers, "held-out chains")[0]
