@@ -292,6 +292,13 @@ def results_table(summaries: dict, records: dict, roles: dict, step: int = 500):
     return pd.DataFrame(rows)
 
 
+def eval_key(folder, heldout, reference, grpo_cfg, cfg: "evolve.EvolveConfig", shots, eval_judge) -> dict:
+    """The cache key of a run's held-out judging ("evolve_eval", train_and_evaluate)."""
+    return {"run": folder.path.name, "heldout": files.digest([p.id + "|" + p.question for p in heldout]),
+            "reference": files.digest(list(reference)), "max_new_tokens": grpo_cfg.max_new_tokens, "seed": cfg.seed,
+            "shots": [s.question for s in shots], "judge": getattr(eval_judge, "name", "")}
+
+
 def train_and_evaluate(model_name: str, judge, problems, heldout, reference, pool: dict, ratings, cfg: "evolve.EvolveConfig",
                        grpo_cfg, folder, cache, lora_r: int = 16, shots=(), eval_judge=None, progress: bool = True):
     """Train one regime on a fresh LoRA adapter in `folder` (run.run_folder) and judge its greedy replies to the
@@ -304,9 +311,7 @@ def train_and_evaluate(model_name: str, judge, problems, heldout, reference, poo
     torch.manual_seed(config.derive_seed(grpo_cfg.seed, "evolve-lora"))  # the same adapter init for every regime
     model = models.add_lora(model, r=lora_r, alpha=2 * lora_r)
     rows = evolve.train(model, tok, judge, problems, pool, ratings, cfg, grpo_cfg, folder, progress, shots)
-    key = {"run": folder.path.name, "heldout": files.digest([p.id + "|" + p.question for p in heldout]),
-           "reference": files.digest(list(reference)), "max_new_tokens": grpo_cfg.max_new_tokens, "seed": cfg.seed,
-           "shots": [s.question for s in shots], "judge": getattr(eval_judge, "name", "")}
+    key = eval_key(folder, heldout, reference, grpo_cfg, cfg, shots, eval_judge)
 
     def make():
         df, summary = judge_heldout(model, tok, eval_judge, heldout, reference, grpo_cfg.max_new_tokens, cfg.seed,

@@ -64,6 +64,7 @@ class EloDynamics(Params):
     train_degrade_step: int = p(minimum=1)
     degrade_with: str = p()
     static_rule: str = p(choices=STATIC_RULES)
+    workers: int = p(minimum=1)
     opponents: dict = p()
 
     def check(self):

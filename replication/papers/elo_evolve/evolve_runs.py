@@ -1,0 +1,84 @@
+"""Elo-Evolve's arm runs side by side (notebook 02's 21 runs at the default profile: seven arms x three training
+seeds). Each run not yet finished, or whose held-out judging is not yet in the cache, trains and is judged in a
+worker process at one thread on a freshly loaded model (parallel.made_then_read); every run is then read back here
+in order, as a finished run and a cached judging, so every later cell sees the same rows. The undegraded runs go
+first: a degraded run starts from its twin's checkpoint at the degradation step (evolve.fork), so it trains in a
+second wave. With workers=1 every run trains here, one after another, as the notebook did before."""
+import functools
+import time
+from dataclasses import replace
+
+from replication.core import cache, config
+from replication.lm import models, parallel
+from . import evolve, evolve_eval, judging
+
+
+def arm_runs(run_folder, regimes: dict, seeds, grpo_cfg, model_name: str, lora_r: int, pool: dict, ratings,
+             judge_key: dict) -> list:
+    """One run per arm and training seed, arm by arm: dicts of name, seed, cfg and grpo_cfg (the seed's; the first
+    seed's configs and run keys are the notebook's), folder (run_folder(name, evolve.run_key(...)), e.g.
+    run.run_folder) and twin: the undegraded twin's folder for a degraded arm, else None."""
+    out = []
+    for name, rc in regimes.items():
+        for s in seeds:
+            rc_s, g_s = replace(rc, seed=s), replace(grpo_cfg, seed=s)
+            key = functools.partial(evolve.run_key, model_name, grpo_cfg=g_s, lora_r=lora_r, pool=pool, ratings=ratings,
+                                    extra=judge_key)
+            twin = evolve.degrade_source(name, rc_s)
+            out.append({"name": name, "seed": s, "cfg": rc_s, "grpo_cfg": g_s, "folder": run_folder(name, key(rc_s)),
+                        "twin": None if twin is None else run_folder(twin[0], key(twin[1]))})
+    return out
+
+
+def train_in_worker(model_name: str, judge_args: dict, cache_folder, **kw) -> float:
+    """train_and_evaluate for one run on a freshly loaded model, with the training judge made here from
+    judge_args (judging.make_judge's arguments but the base model), into its run folder and the cache folder
+    (a worker of train_arms): its seconds."""
+    t0 = time.perf_counter()
+    needs_base = judge_args["kind"] != "quality" and judge_args.get("judge_model") is None
+    judge = judging.make_judge(base=models.load_model(model_name) if needs_base else None, **judge_args)
+    evolve_eval.train_and_evaluate(model_name, judge, cache=functools.partial(cache.cached, cache_folder),
+                                   progress=False, **kw)
+    return time.perf_counter() - t0
+
+
+def train_arms(runs: list, cached, cache_folder, judge, judge_args: dict, problems, heldout, reference, pool: dict,
+               ratings, lora_r: int = 16, shots=(), eval_judge=None, model_name: str = None, workers: int = 1) -> list:
+    """evolve_eval.train_and_evaluate for each of `runs` (arm_runs) in order, a degraded run forked from its twin
+    first: [(step rows, summary, evaluation rows, seconds of training and judging, 0 when cached)]. `judge` is the
+    notebook's training judge; judge_args makes the same judge in a worker (judging.make_judge's arguments but
+    `base`). With workers > 1 the runs to make train side by side first (module docstring); a run's rows do not
+    depend on where it trained but for the rounding of one thread: its adapter and every draw are seeded from its
+    configs."""
+    config.check_int("workers", workers, minimum=1)
+    runs = list(runs)
+    common = dict(problems=problems, heldout=heldout, reference=reference, pool=pool, ratings=ratings, lora_r=lora_r,
+                  shots=shots, eval_judge=eval_judge)
+
+    def pending(i):
+        r = runs[i]
+        judged = cache.intact(cache_folder, "evolve_eval", evolve_eval.eval_key(r["folder"], heldout, reference, r["grpo_cfg"],
+                                                                               r["cfg"], shots, eval_judge or judge))
+        return None if r["folder"].done and judged else dict(model_name=model_name, judge_args=judge_args, cache_folder=cache_folder,
+                                                              cfg=r["cfg"], grpo_cfg=r["grpo_cfg"], folder=r["folder"], **common)
+
+    made = {}
+    if workers > 1:
+        first = [i for i, r in enumerate(runs) if r["twin"] is None]
+        made = parallel.make_pending(train_in_worker, {i: job for i in first if (job := pending(i))}, workers, "arm runs")
+        for r in runs:
+            if r["twin"] is not None:
+                evolve.fork(r["twin"], r["folder"], r["cfg"].degrade_step)
+        later = [i for i, r in enumerate(runs) if r["twin"] is not None]
+        made.update(parallel.make_pending(train_in_worker, {i: job for i in later if (job := pending(i))}, workers,
+                                          "degraded arm runs"))
+
+    def read(i):
+        r, t0 = runs[i], time.perf_counter()
+        if r["twin"] is not None:
+            evolve.fork(r["twin"], r["folder"], r["cfg"].degrade_step)
+        rows, summary, ev_rows = evolve_eval.train_and_evaluate(model_name, judge, cfg=r["cfg"], grpo_cfg=r["grpo_cfg"],
+                                                                folder=r["folder"], cache=cached, **common)
+        return rows, summary, ev_rows, made.get(i, time.perf_counter() - t0)
+
+    return parallel.read_in_order(range(len(runs)), read, made)
