@@ -84,6 +84,17 @@ def _sets(shift: int) -> dict:
     return {"global": glob, "local": loc}
 
 
+def _alone(sets: tuple) -> tuple:
+    """One pooling's (SFT examples, pairs) for the generator alone, as the single-agent control trains."""
+    return tuple({r: (items["generator"] if r == "generator" else []) for r in malt.ROLES} for items in sets)
+
+
+def _control(jobs: dict) -> dict:
+    return {s: dict(key={**j["key"], "labels": "own answer"}, name="single", init=j["init"], sets=_alone(j["sets"]["global"]),
+                    validation=_alone(j["validation"]["global"]), sft_cfg=j["sft_cfg"], dpo_cfg=j["dpo_cfg"])
+            for s, j in jobs.items()}
+
+
 def test_trees_and_arms_side_by_side_equal_those_made_here_at_one_thread(tmp_path):
     from replication.lm import dpo
 
@@ -110,6 +121,7 @@ def test_trees_and_arms_side_by_side_equal_those_made_here_at_one_thread(tmp_pat
         cached_one = functools.partial(cache.cached, one)
         trees_here = malt_runs.trees(cached_one, one, here, tok_here, problems, keys, **tree_kw)
         arms_here = malt_runs.train_arms(cached_one, one, here, tok_here, jobs)
+        single_here = malt_runs.single_arms(cached_one, one, here, tok_here, _control(jobs))
     finally:
         torch.set_num_threads(before)
     there, tok_there = _fresh(tmp_path / "ckpt")
@@ -120,6 +132,8 @@ def test_trees_and_arms_side_by_side_equal_those_made_here_at_one_thread(tmp_pat
                                   model_name=str(tmp_path / "ckpt"), lora_r=8, **tree_kw)
     arms_there = malt_runs.train_arms(cached_two, two, there, tok_there, jobs, workers=2,
                                       model_name=str(tmp_path / "ckpt"), lora_r=8)
+    single_there = malt_runs.single_arms(cached_two, two, there, tok_there, _control(jobs), workers=2,
+                                         model_name=str(tmp_path / "ckpt"), lora_r=8)
     assert phases.reused_profile()["entries"] == 0   # made by this call's workers: not counted as reuse
     assert trees_here == trees_there and trees_here[3] != trees_here[4] and len(trees_there[3]["r"]) == 16
     for s in (3, 4):
@@ -132,9 +146,15 @@ def test_trees_and_arms_side_by_side_equal_those_made_here_at_one_thread(tmp_pat
                     assert all(torch.equal(wa[k], wb[k]) for k in wa)
         assert arms_there[s]["local"]["reused"] == ["verifier", "refiner"]   # the same data as the global arm
     assert json.dumps(arms_there[3]["global"]["logs"]) != json.dumps(arms_there[4]["global"]["logs"])
-    last = arms_there[4]["local"]["dpo"]["weights"]   # the model ends with the last seed's last arm
+    for s in (3, 4):   # the single-agent control: only the generator trains
+        a, b = single_here[s], single_there[s]
+        assert json.dumps(a["logs"]) == json.dumps(b["logs"]) and a["logs"]["generator"]["dpo"]
+        assert all(torch.equal(a["dpo"]["weights"][r][k], b["dpo"]["weights"][r][k]) for r in malt.ROLES for k in a["dpo"]["weights"][r])
+    assert json.dumps(single_there[3]["logs"]) != json.dumps(single_there[4]["logs"])
+    last = single_there[4]["dpo"]["weights"]   # the model ends with the last seed's control arm
     assert all(torch.equal(malt_training.adapter_state(there, r)[k], last[r][k]) for r in malt.ROLES for k in last[r])
     phases.reset()
     assert malt_runs.trees(cached_two, two, there, tok_there, problems, keys, workers=2, model_name="cached", **tree_kw) == trees_there
     malt_runs.train_arms(cached_two, two, there, tok_there, jobs, workers=2, model_name="cached")
-    assert phases.reused_profile()["entries"] == 2 + 2 * 4   # two seeds' trees; per seed two arms x (SFT, DPO)
+    malt_runs.single_arms(cached_two, two, there, tok_there, _control(jobs), workers=2, model_name="cached")
+    assert phases.reused_profile()["entries"] == 2 + 2 * 4 + 2 * 2   # two seeds' trees; per seed two arms and the control x (SFT, DPO)

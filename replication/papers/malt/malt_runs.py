@@ -1,6 +1,6 @@
 """MALT's per-seed work side by side: each training seed's trees, its two arms (SFT then DPO, both poolings) and each
 trained variant's held-out chains (a seed's stage weights on the held-out questions, or its verifier and refiner
-after known first answers) are made in worker processes into the notebook's cache, then read back in order on the
+after known first answers) and the single-agent control's arm of each seed are made in worker processes into the notebook's cache, then read back in order on the
 notebook's model, so every later cell sees the same values and weights. With workers=1 everything is made here, one
 after another, as the notebook did before."""
 import functools
@@ -76,6 +76,29 @@ def train_arms(cached, folder, model, tok, seeds: dict, workers: int = 1, model_
         return seed_arms(cached, model, tok, **seeds[s])
 
     return dict(zip(seeds, parallel.made_then_read(seeds, pending, arms_in_worker, read, workers, "arms")[0]))
+
+
+def single_in_worker(model_name: str, lora_r: int, folder, **kw) -> None:
+    """One malt_training.train_arm on a freshly loaded model into the cache `folder` (a worker of single_arms)."""
+    model, tok = _fresh_model(model_name, lora_r)
+    malt_training.train_arm(functools.partial(cache.cached, folder), model=model, tok=tok, **kw)
+
+
+def single_arms(cached, folder, model, tok, calls: dict, workers: int = 1, model_name: str = None,
+                lora_r: int = 16) -> dict:
+    """{seed: malt_training.train_arm(cached, model=model, tok=tok, **calls[seed])} in order: the single-agent control's
+    arm of each seed (a call: key, name, init, sets, validation, sft_cfg, dpo_cfg, reference). With workers > 1 the
+    seeds whose DPO stage is not in the cache `folder` first train side by side (chains' docstring); the model ends
+    with the last seed's weights."""
+    def pending(s):
+        c = calls[s]
+        return None if cache.intact(folder, f"dpo-{c['name']}", {**c["key"], "arm": c["name"]}) else dict(
+            model_name=model_name, lora_r=lora_r, folder=folder, **c)
+
+    def read(s):
+        return malt_training.train_arm(cached, model=model, tok=tok, **calls[s])
+
+    return dict(zip(calls, parallel.made_then_read(calls, pending, single_in_worker, read, workers, "control arms")[0]))
 
 
 def chains_in_worker(model_name: str, lora_r: int, rollout_dtype: str, folder, stage: dict, key: dict, name: str,
