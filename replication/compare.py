@@ -8,8 +8,10 @@ copy (`git:REV`), so a reader can set two versions of the results side by side w
     python -m replication compare git:HEAD~5 figures/metrics --only 03
 
 Claims are paired within a notebook by their text with its numbers taken out (a claim may name a count that the run
-measured, e.g. "473 sampled replies"), in order where several read alike.
+measured, e.g. "473 sampled replies"), in order where several read alike; a claim left over pairs with one that
+reads nearly alike (a reworded claim, shown as such).
 """
+import difflib
 import json
 import re
 import subprocess
@@ -81,23 +83,48 @@ def _measured(c: dict) -> str:
     return text or "-"
 
 
+REWORDED = 0.8   # the least text similarity (difflib's ratio, numbers taken out) at which two claims are one reworded
+
+
+def _reworded(a: list, b: list) -> dict:
+    """{i: j}: claims a[i] and b[j] that no exact pairing matched, paired as one claim reworded when their texts
+    (numbers taken out) are at least REWORDED alike, the most alike first."""
+    scored = sorted(((difflib.SequenceMatcher(None, claim_key(c["claim"]), claim_key(d["claim"])).ratio(), i, j)
+                     for i, c in a for j, d in b), key=lambda t: -t[0])
+    out, taken = {}, set()
+    for ratio, i, j in scored:
+        if ratio >= REWORDED and i not in out and j not in taken:
+            out[i] = j
+            taken.add(j)
+    return out
+
+
 def pair(old: dict, new: dict, only=None) -> list:
     """Rows for the claims of both ledgers, notebook by notebook (`only`: notebook stems or their number prefixes):
-    {notebook, claim, old, new} with old / new the claim's record in each (None where a ledger lacks it)."""
+    {notebook, claim, old, new, reworded} with old / new the claim's record in each (None where a ledger lacks it).
+    Claims pair by their text without numbers, in order where several read alike; those left over pair when they
+    read nearly alike (a reworded claim, `reworded` True), else stand alone."""
     rows = []
     for stem in sorted(set(old) | set(new)):
         if only and not any(stem.startswith(o) for o in only):
             continue
         a = list((old.get(stem) or {}).get("claims", []))
         b = list((new.get(stem) or {}).get("claims", []))
-        used = [False] * len(b)
-        for c in a:
-            j = next((j for j, d in enumerate(b) if not used[j] and claim_key(d["claim"]) == claim_key(c["claim"])),
+        match = {}
+        for i, c in enumerate(a):
+            j = next((j for j, d in enumerate(b) if j not in match.values() and claim_key(d["claim"]) == claim_key(c["claim"])),
                      None)
             if j is not None:
-                used[j] = True
-            rows.append({"notebook": stem, "claim": c["claim"], "old": c, "new": b[j] if j is not None else None})
-        rows += [{"notebook": stem, "claim": d["claim"], "old": None, "new": d} for j, d in enumerate(b) if not used[j]]
+                match[i] = j
+        near = _reworded([(i, c) for i, c in enumerate(a) if i not in match],
+                         [(j, d) for j, d in enumerate(b) if j not in match.values()])
+        used = set(match.values()) | set(near.values())
+        for i, c in enumerate(a):
+            j = match.get(i, near.get(i))
+            rows.append({"notebook": stem, "claim": c["claim"], "old": c, "new": b[j] if j is not None else None,
+                         "reworded": i in near})
+        rows += [{"notebook": stem, "claim": d["claim"], "old": None, "new": d, "reworded": False}
+                 for j, d in enumerate(b) if j not in used]
     return rows
 
 
@@ -131,6 +158,8 @@ def format_rows(rows, width: int = 72) -> str:
         text = text if len(text) <= width else text[:width - 1] + "…"
         n = (r["new"] or r["old"]).get("n")
         lines.append(f"  {MARK[status(r)]} {text}" + (f"  (n: {n})" if n else ""))
+        if r.get("reworded"):
+            lines.append(f"      reworded, now: {short_claim(r['new']['claim'])[:width]}")
         for side in ("old", "new"):
             c = r[side]
             lines.append(f"      {side}: " + ("(no such claim)" if c is None else f"{_measured(c):<30} {verdicts.label(c)}"))

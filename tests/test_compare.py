@@ -39,6 +39,18 @@ def test_pairs_claims_by_text_without_numbers_and_in_order():
     assert compare.pair(OLD, NEW, only=["04"]) == [] and len(compare.pair(OLD, NEW, only=["03"])) == 6
 
 
+def test_a_reworded_claim_pairs_with_its_old_text_and_unlike_claims_do_not():
+    old = {"05_y": {"claims": [claim("MALT improves over the same base model (sums, exact verifier)", "reproduced", [0.01, 0.1], 0.05),
+                               claim("dropped later", "not tested")]}}
+    new = {"05_y": {"claims": [claim("MALT improves over the same base model (two-digit sums, exact verifier)", "inconclusive",
+                                     [-0.01, 0.1], 0.04), claim("added later", "partly")]}}
+    rows = compare.pair(old, new)
+    assert [compare.status(r) for r in rows] == ["changed", "only old", "only new"]
+    assert rows[0]["reworded"] and not rows[1]["reworded"] and rows[0]["new"]["estimate"] == 0.04
+    assert "reworded, now: MALT improves over the same base model (two-digit sums" in compare.format_rows(rows)
+    assert not any(r["reworded"] for r in compare.pair(OLD, NEW))   # exact pairs are not reworded
+
+
 def test_text_shows_both_verdicts_and_intervals():
     text = compare.format_rows(compare.pair(OLD, NEW))
     assert "! A beats B  (n: 3 seeds x 200 questions)" in text            # the bracketed qualifier dropped
