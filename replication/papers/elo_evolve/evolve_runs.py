@@ -42,6 +42,12 @@ def train_in_worker(model_name: str, judge_args: dict, cache_folder, **kw) -> fl
     return time.perf_counter() - t0
 
 
+def _fork(run: dict) -> None:
+    """A degraded run starts from its twin's checkpoint at the degradation step (evolve.fork; nothing for the others)."""
+    if run["twin"] is not None:
+        evolve.fork(run["twin"], run["folder"], run["cfg"].degrade_step)
+
+
 def train_arms(runs: list, cached, cache_folder, judge, judge_args: dict, problems, heldout, reference, pool: dict,
                ratings, lora_r: int = 16, shots=(), eval_judge=None, model_name: str = None, workers: int = 1) -> list:
     """evolve_eval.train_and_evaluate for each of `runs` (arm_runs) in order, a degraded run forked from its twin
@@ -57,26 +63,23 @@ def train_arms(runs: list, cached, cache_folder, judge, judge_args: dict, proble
 
     def pending(i):
         r = runs[i]
-        judged = cache.intact(cache_folder, "evolve_eval", evolve_eval.eval_key(r["folder"], heldout, reference, r["grpo_cfg"],
-                                                                               r["cfg"], shots, eval_judge or judge))
-        return None if r["folder"].done and judged else dict(model_name=model_name, judge_args=judge_args, cache_folder=cache_folder,
-                                                              cfg=r["cfg"], grpo_cfg=r["grpo_cfg"], folder=r["folder"], **common)
+        judging_key = evolve_eval.eval_key(r["folder"], heldout, reference, r["grpo_cfg"], r["cfg"], shots, eval_judge or judge)
+        if r["folder"].done and cache.intact(cache_folder, "evolve_eval", judging_key):
+            return None
+        return dict(model_name=model_name, judge_args=judge_args, cache_folder=cache_folder, cfg=r["cfg"],
+                    grpo_cfg=r["grpo_cfg"], folder=r["folder"], **common)
 
     made = {}
-    if workers > 1:
-        first = [i for i, r in enumerate(runs) if r["twin"] is None]
-        made = parallel.make_pending(train_in_worker, {i: job for i in first if (job := pending(i))}, workers, "arm runs")
-        for r in runs:
-            if r["twin"] is not None:
-                evolve.fork(r["twin"], r["folder"], r["cfg"].degrade_step)
-        later = [i for i, r in enumerate(runs) if r["twin"] is not None]
-        made.update(parallel.make_pending(train_in_worker, {i: job for i in later if (job := pending(i))}, workers,
-                                          "degraded arm runs"))
+    if workers > 1:   # the undegraded runs, then the degraded ones from their twins' checkpoints
+        for wave, what in ((False, "arm runs"), (True, "degraded arm runs")):
+            ids = [i for i, r in enumerate(runs) if (r["twin"] is not None) == wave]
+            for i in ids:
+                _fork(runs[i])
+            made.update(parallel.make_pending(train_in_worker, {i: job for i in ids if (job := pending(i))}, workers, what))
 
     def read(i):
         r, t0 = runs[i], time.perf_counter()
-        if r["twin"] is not None:
-            evolve.fork(r["twin"], r["folder"], r["cfg"].degrade_step)
+        _fork(r)
         rows, summary, ev_rows = evolve_eval.train_and_evaluate(model_name, judge, cfg=r["cfg"], grpo_cfg=r["grpo_cfg"],
                                                                 folder=r["folder"], cache=cached, **common)
         return rows, summary, ev_rows, made.get(i, time.perf_counter() - t0)

@@ -1,8 +1,8 @@
-"""MALT's per-seed work side by side: each training seed's trees, its two arms (SFT then DPO, both poolings) and each
-trained variant's held-out chains (a seed's stage weights on the held-out questions, or its verifier and refiner
-after known first answers) and the single-agent control's arm of each seed are made in worker processes into the notebook's cache, then read back in order on the
-notebook's model, so every later cell sees the same values and weights. With workers=1 everything is made here, one
-after another, as the notebook did before."""
+"""MALT's per-seed work side by side: each training seed's trees, its two arms (SFT then DPO, both poolings), its
+single-agent control's arm and each trained variant's held-out chains (a seed's stage weights on the held-out
+questions, or its verifier and refiner after known first answers) are made in worker processes into the notebook's
+cache, then read back in order on the notebook's model, so every later cell sees the same values and weights. With
+workers=1 everything is made here, one after another, as the notebook did before."""
 import functools
 
 from replication.core import cache
