@@ -193,8 +193,7 @@ def train_runs(model_name: str, lora_r: int, runs, workers: int = 1) -> list:
     thread (parallel.run_jobs); each is then read back here from its folder (not counted as reuse). A run's rows
     do not depend on where it trained but for the rounding of one thread: fresh_policy seeds its adapter and the
     training draws and samples from cfg.seed."""
-    config.check_int("workers", workers)
-    runs = [dict(r) for r in runs]
+    runs = list(runs)
 
     def pending(i):
         return None if finished(runs[i]["folder"], runs[i]["steps"]) else dict(model_name=model_name, lora_r=lora_r, **runs[i])

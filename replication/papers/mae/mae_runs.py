@@ -2,7 +2,6 @@
 notebook's model reads it back as a finished run (mae.run_arm), so every later cell sees the same adapters."""
 from typing import Optional
 
-from replication.core import config
 from replication.lm import loop, models, parallel
 from . import mae
 
@@ -21,7 +20,6 @@ def run_arms(model, tok, model_name: str, runs, workers: int = 1, keep: Optional
     run (its final weights and logged rows), so the adapters and results are those of mae.run_arm's own runs, but
     for the rounding of one thread. A run's adapter starts from its own seed (mae.new_adapter), whatever adapters the model
     already has, so it does not matter where it trained."""
-    config.check_int("workers", workers)
     runs, holder = list(runs), [model]
 
     def pending(i):
