@@ -1,6 +1,6 @@
 """Figure digests: the sha256 of every figure file a run wrote, with the stamp parts of that run, so a rerun says
-which figures changed and why (code, parameters, data/, the machine, the CPU's bf16 instruction set), and calls a
-change with none of these a determinism bug."""
+which figures changed and why (code, parameters, data/, the machine, the CPU's bf16 instruction set, the device the
+models computed on: the CPU or a GPU), and calls a change with none of these a determinism bug."""
 from pathlib import Path
 
 from replication.core import files
@@ -10,7 +10,8 @@ from replication.core.config import Paths
 TIMED_FIGURES = ("00b_generation_throughput",)
 REASONS = {"notebook": "code (the notebook)", "package": "code (the package)", "params": "parameters",
            "data": "data (data/)", "machine": "the machine or its thread count",
-           "cpu_bf16": "the CPU's bf16 instruction set"}
+           "cpu_bf16": "the CPU's bf16 instruction set", "accelerator": "the device the models computed on"}
+NAMED = ("cpu_bf16", "accelerator")   # parts whose change is shown as before -> after
 
 
 def digests_path(profile: str, name: str = None) -> Path:
@@ -22,13 +23,13 @@ file_sha256 = files.sha256
 
 
 def why_changed(before: dict, parts: dict) -> list:
-    """The stamp parts (notebook, params, package, data, machine, CPU bf16 instruction set) that differ from the run
-    recorded before; a change of CPU names both instruction sets (a record older than the cpu_bf16 part: 'not
-    recorded')."""
+    """The stamp parts (notebook, params, package, data, machine, CPU bf16 instruction set, device) that differ from
+    the run recorded before; a change of CPU names both instruction sets, a change of device both devices (a record
+    older than the part: 'not recorded')."""
     out = []
     for k in parts:
         if before.get(k) != parts[k]:
-            out.append(f"{REASONS[k]} ({before.get(k) or 'not recorded'} -> {parts[k]})" if k == "cpu_bf16"
+            out.append(f"{REASONS[k]} ({before.get(k) or 'not recorded'} -> {parts[k]})" if k in NAMED
                        else REASONS.get(k, k))
     return out
 
@@ -37,7 +38,8 @@ def record_digests(profile: str, stem: str, parts: dict, stamp: str, names, log=
     """Store the sha256 of each figure file a notebook wrote, with the stamp parts of the run that wrote it,
     in digests.json (one entry per notebook; the others are kept), and log each figure whose digest changed
     since the recorded run with the reason: the code (notebook or package), the parameters, data/, the machine
-    (CPU numerics depend on the thread count), or none of them: a determinism bug, logged loudly.
+    (CPU numerics depend on the thread count), the CPU's bf16 instruction set, the device (the CPU or a GPU), or none
+    of them: a determinism bug, logged loudly.
     Returns {figure file: reason}."""
     path = digests_path(profile, name)
     book = files.read_json(path) if path.is_file() else {}
@@ -72,7 +74,8 @@ def record_digests(profile: str, stem: str, parts: dict, stamp: str, names, log=
         log(f"[{stem}] all {len(new)} figure files identical to the recorded run")
     entries[stem] = {"stamp": stamp, "parts": dict(parts), "figures": new}
     files.write_json(path, {"about": "sha256 of each figure file and the stamp parts (digests of the notebook, its "
-                                     "parameters, the package source and data/; the machine) of the run that wrote "
+                                     "parameters, the package source and data/; the machine, its CPU's bf16 instruction "
+                                     "sets and the device the models computed on) of the run that wrote "
                                      "it; written by python -m replication run",
                             "notebooks": dict(sorted(entries.items()))})
     return changed

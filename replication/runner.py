@@ -178,10 +178,19 @@ def cpu_bf16(cpuinfo: str = None) -> str:
 
 
 def stamp_parts(stem: str, params: dict, folder: Path = NOTEBOOKS) -> dict:
-    """The stamp's parts one by one, and data/, the machine and the CPU's bf16 instruction sets: kept beside the
-    figure digests to say why a figure changed."""
+    """The stamp's parts one by one, and data/, the machine, the CPU's bf16 instruction sets and the device the
+    models compute on: kept beside the figure digests to say why a figure changed."""
     return {"notebook": files.digest((Path(folder) / f"{stem}.ipynb").read_bytes()), "params": files.digest(params),
-            "package": package_digest(), "data": data_digest(), "machine": machine(), "cpu_bf16": cpu_bf16()}
+            "package": package_digest(), "data": data_digest(), "machine": machine(), "cpu_bf16": cpu_bf16(),
+            "accelerator": accelerator(params.get("device", "auto"))}
+
+
+def accelerator(device: str = "auto") -> str:
+    """The device the notebook's models compute on, as its `device` parameter resolves here (models.describe_device:
+    "cpu", or e.g. "cuda: NVIDIA H200 (CUDA 13.0)")."""
+    from replication.lm import models
+
+    return models.describe_device(device)
 
 
 def promote(stem: str, paths: Paths, figure_files) -> None:

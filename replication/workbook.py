@@ -127,12 +127,15 @@ class Run:
         the seconds they took when made)) atomically; return where it is read
         from: its path, or under the runner the run folder's metrics file it becomes once the runner promotes it (the
         staged copy is removed then, so a notebook that prints the path never points at a removed file)."""
+        import torch
+
         wall = time.perf_counter() - self.t0
         record = {
             "notebook": self.notebook, "profile": self.profile, "seed": self.seed,
             "wall_time_s": round(wall, 2), "phases_s": phases.profile(wall), "reused_s": phases.reused_profile(),
             "package_version": __version__,
-            "python": platform.python_version(), "parameters": self._params_record(),
+            "python": platform.python_version(), "torch": torch.__version__, "device": models.describe_device(),
+            "parameters": self._params_record(),
             "figures": self.figures, "claims": self.claims,
             "metrics": self.metrics,
         }

@@ -66,6 +66,26 @@ def test_use_device_resolves_and_names_a_device_it_cannot_use(monkeypatch):
             models.use_device("cuda:1")
 
 
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_the_device_is_described_as_it_resolves_with_the_gpus_name(gpus, monkeypatch):
+    """What the metrics' `device` and the figure digests' `accelerator` part record (no GPU here: torch's answers
+    are patched): the CPU, or the GPU by name, also where the CPU beside it has bf16 kernels of its own."""
+    from replication import runner
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(models, "_device", torch.device("cpu"))
+    gpu = "cuda: NVIDIA H200 (CUDA 13.0)"
+    assert models.describe_device("cpu") == models.describe_device() == runner.accelerator("cpu") == "cpu"
+    assert models.describe_device("auto") == runner.accelerator() == (gpu if gpus else "cpu")
+    assert models.describe_device("cuda") == (gpu if gpus else "cuda (not seen)")
+    assert models.describe_device("cuda:1") == "cuda:1 (not seen)"
+    monkeypatch.setattr(models, "_device", torch.device("cuda"))   # as use_device("auto") would set it with a GPU
+    assert models.describe_device() == (gpu if gpus else "cuda (not seen)")
+
+
 def test_load_model_puts_the_model_on_the_device_set(monkeypatch):
     """No second device here: the device is set to `meta` directly, as use_device would set cuda."""
     monkeypatch.setattr(models, "_device", torch.device("meta"))

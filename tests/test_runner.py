@@ -144,7 +144,8 @@ def test_figure_digests_say_which_figures_changed_and_why(book, runs, tmp_path, 
     rerun()
     book_of_digests = json.loads((tmp_path / "figures/digests.json").read_text())
     entry = book_of_digests["notebooks"]["01_first"]
-    assert set(entry["parts"]) == {"notebook", "params", "package", "data", "machine", "cpu_bf16"} and entry["stamp"]
+    assert set(entry["parts"]) == {"notebook", "params", "package", "data", "machine", "cpu_bf16", "accelerator"}
+    assert entry["parts"]["accelerator"] == runner.accelerator() and entry["stamp"]
     assert entry["figures"] == {n: digests.file_sha256(tmp_path / "figures" / n) for n in ("01a_line.pdf", "01a_line.png")}
     # the same notebook, parameters and package: byte-identical figures, said in one line per notebook
     assert rerun(force=True) == [f"[{s}] all 2 figure files identical to the recorded run" for s in ("01_first", "02_second")]
@@ -171,6 +172,10 @@ def test_figure_digests_say_which_figures_changed_and_why(book, runs, tmp_path, 
     amx = {**parts, "cpu_bf16": "amx_bf16 avx512_bf16"}
     assert digests.why_changed({**parts, "cpu_bf16": "avx512_bf16"}, amx) == [
         "the CPU's bf16 instruction set (avx512_bf16 -> amx_bf16 avx512_bf16)"]
+    # a GPU in an AMX machine: the device is named, with both ends, not the CPU it sits in or a determinism bug
+    gpu = {**amx, "accelerator": "cuda: NVIDIA H200 (CUDA 13.0)"}
+    assert digests.why_changed({**amx, "accelerator": "cpu"}, gpu) == [
+        "the device the models computed on (cpu -> cuda: NVIDIA H200 (CUDA 13.0))"]
     # the metrics are committed beside the figures, the same bytes as the run folder's
     assert (tmp_path / "figures/metrics/02_second.json").read_bytes() == (runs / "default/metrics/02_second.json").read_bytes()
 

@@ -11,6 +11,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from replication import workbook
 from replication.core import config, files, params
 from replication.core.figures import savefig
+from replication.lm import models
 
 
 def test_run_record_and_figures(runs):
@@ -32,6 +33,7 @@ def test_run_record_and_figures(runs):
     record = json.loads(run.finish().read_text())
     assert not (runs / "smoke").exists()
     assert record["seed"] == 3 and len(record["claims"]) == 1 and record["claims"][0]["measured"] == "3"
+    assert record["device"] == models.describe_device() and record["torch"] == torch.__version__  # where it computed
     row = record["claims"][0]
     assert row["verdict"] == "reproduced" and row["evidence"] == "real model" and row["interval"] == [0.05, 0.2]
     assert row["n"] == 200

@@ -116,6 +116,20 @@ def use_device(spec: str = "auto") -> torch.device:
     return _device
 
 
+def describe_device(spec: str = None) -> str:
+    """The device a `device` parameter (auto, cpu, cuda, cuda:N) resolves to here, as the metrics and the figure
+    digests record it, since a GPU rounds otherwise than the CPU it sits in: "cpu", or the CUDA device with torch's
+    CUDA build, e.g. "cuda: NVIDIA H200 (CUDA 13.0)"; a CUDA device torch does not see is named as asked with
+    "(not seen)". None: the device use_device set."""
+    spec = str(_device) if spec is None else spec
+    if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
+        return "cpu"
+    index = int(spec.split(":")[1]) if spec.startswith("cuda:") else 0
+    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+        return f"{spec} (not seen)"
+    return f"cuda: {torch.cuda.get_device_name(index)} (CUDA {torch.version.cuda})"
+
+
 def current_device() -> torch.device:
     """The device load_model puts models on now (use_device)."""
     return _device
