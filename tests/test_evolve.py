@@ -223,7 +223,7 @@ def test_compare_pairs_by_seed_and_a_failed_arm_is_still_judged():
     recs["static"] = [records["static"], {"healthy": False, "failed_checks": ["learned"]}, records["static"]]
     out = evolve_eval.compare(seeded, recs, [("static", "point")], "correct", seed=0)["static - point"]
     assert out["failed"] == ["static"] and out["basis"]["health"] == "failed health check: static seed 1 (learned)"
-    assert set(out["basis"]) == {"interval", "estimate", "seed_differences", "health"}
+    assert set(out["basis"]) == {"interval", "estimate", "seed_differences", "health", "question_variance"}
     assert evolve_eval.part_verdict(out) in ("reproduced", "inconclusive", "not reproduced")
     assert "static failed health" in evolve_eval.describe({"static - point": out})
 

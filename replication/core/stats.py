@@ -71,20 +71,50 @@ def paired_bootstrap(a, b, n_boot: int = 2000, seed: int = 0, alpha: float = 0.0
 
 # ---- training comparisons over seeds -------------------------------------------------------------------
 
+class Estimate(tuple):
+    """(estimate, low, high) of a two-level interval, with the variance of its question part beside it
+    (`question_variance`; None for one seed or draw, whose interval is a percentile bootstrap), so that a ledger row
+    can say how its interval would narrow with more seeds (core.power)."""
+
+    def __new__(cls, estimate, low, high, question_variance=None):
+        out = super().__new__(cls, (estimate, low, high))
+        out.question_variance = question_variance
+        return out
+
+    def __getnewargs__(self):
+        return (*self, self.question_variance)
+
+
+def joined_half(v_seed, v_q, n_seeds: int, alpha: float = 0.05):
+    """(half-width, df) of the interval that joins a between-seed variance of the mean (v_seed: the per-seed values'
+    variance over S, S - 1 degrees of freedom) with a question part v_q: Student's t with Satterthwaite's degrees of
+    freedom (infinite where v_seed is 0). Arrays broadcast. The half-width is not monotone in v_q: a question part of
+    about 0.75 v_seed (at S = 3) adds degrees of freedom faster than variance, so the interval narrows before it widens."""
+    v_seed, v_q = np.asarray(v_seed, dtype=float), np.asarray(v_q, dtype=float)
+    v = v_seed + v_q
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = np.where(v_seed > 0, v**2 / (v_seed**2 / max(n_seeds - 1, 1)), np.inf)
+    half = np.where(v > 0, student_t.ppf(1 - alpha / 2, df) * np.sqrt(np.maximum(v, 0.0)), 0.0)
+    return (float(half), float(df)) if half.ndim == 0 else (half, df)
+
+
+def _variance(draws) -> float:
+    """The question part of seeds_and_questions: the variance of the finite draws (0.0 with fewer than two)."""
+    q = np.asarray(draws, dtype=float)
+    q = q[np.isfinite(q)]
+    return float(q.var(ddof=1)) if len(q) > 1 else 0.0
+
+
 def seeds_and_questions(per_seed, question_draws, alpha: float = 0.05):
     """(low_offset, high_offset, df) of the interval that joins the two sources of spread of a statistic averaged
     over training seeds (or draws): between seeds, the variance of the per-seed values over S (S - 1 degrees of
     freedom); within, the variance of the seed-averaged statistic under resampled questions (the seeds held).
-    t interval with Satterthwaite's degrees of freedom (the question part has many). A percentile bootstrap over 3
-    seeds has only 10 distinct resamples and covers far less than 95% when the seeds differ (tests/test_stats.py)."""
+    t interval with Satterthwaite's degrees of freedom (the question part has many; `joined_half`). A percentile
+    bootstrap over 3 seeds has only 10 distinct resamples and covers far less than 95% when the seeds differ
+    (tests/test_stats.py)."""
     per_seed = np.asarray(per_seed, dtype=float)
-    q = np.asarray(question_draws, dtype=float)
-    q = q[np.isfinite(q)]
     v_seed = per_seed.var(ddof=1) / len(per_seed) if len(per_seed) > 1 else 0.0
-    v_q = q.var(ddof=1) if len(q) > 1 else 0.0
-    v = v_seed + v_q
-    df = math.inf if v_seed == 0 else v**2 / (v_seed**2 / (len(per_seed) - 1))
-    half = float(student_t.ppf(1 - alpha / 2, df) * math.sqrt(v)) if v > 0 else 0.0
+    half, df = joined_half(v_seed, _variance(question_draws), len(per_seed), alpha)
     return -half, half, df
 
 
@@ -95,7 +125,8 @@ def two_level_bootstrap(diffs, n_boot: int = 2000, seed: int = 0, alpha: float =
     interval from the spread of the per-seed means (S - 1 degrees of freedom), and within, a bootstrap of the
     questions, the same resample for every seed (the seeds answer the same questions), joined by
     `seeds_and_questions`. questions=False: the seeds only, the t interval over per-seed means. One seed gives the
-    percentile bootstrap over its questions (one run's interval)."""
+    percentile bootstrap over its questions (one run's interval). Over seeds the result is an `Estimate`, whose
+    question_variance is the question part of the interval."""
     d = np.asarray(diffs, dtype=float)
     if d.ndim != 2 or not d.size:
         raise ValueError("diffs must be a non-empty seeds x questions array of paired differences")
@@ -105,9 +136,9 @@ def two_level_bootstrap(diffs, n_boot: int = 2000, seed: int = 0, alpha: float =
     if n_seeds == 1:
         lo, hi = np.quantile(d[0][rows].mean(axis=1), [alpha / 2, 1 - alpha / 2])
         return float(d.mean()), float(lo), float(hi)
-    draws = d[:, rows].mean(axis=(0, 2)) if questions else []
+    draws = d[:, rows].mean(axis=(0, 2)) if questions else np.array([])
     lo, hi, _ = seeds_and_questions(d.mean(axis=1), draws, alpha)
-    return float(d.mean()), float(d.mean() + lo), float(d.mean() + hi)
+    return Estimate(float(d.mean()), float(d.mean() + lo), float(d.mean() + hi), _variance(draws))
 
 
 @phases.timed("statistics and plotting")
@@ -118,7 +149,8 @@ def nested_bootstrap(statistic, units, groups, n_boot: int = 2000, seed: int = 0
     (questions, whole, with replacement; the same resample for every unit when all have as many groups, else each
     its own). units: per unit a list of equally long columns; groups: per unit the group label of each row. For a
     plain mean of one value per group it gives two_level_bootstrap's interval; with one unit it is `bootstrap`
-    over groups. Non-finite resamples are ignored."""
+    over groups. Non-finite resamples are ignored. Over units the result is an `Estimate` (its question part
+    beside it)."""
     if not units:
         return float("nan"), float("nan"), float("nan")
     members = [[np.flatnonzero(np.asarray(g) == k) for k in dict.fromkeys(np.asarray(g).tolist())] for g in groups]
@@ -142,7 +174,7 @@ def nested_bootstrap(statistic, units, groups, n_boot: int = 2000, seed: int = 0
         lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
         return est, float(lo), float(hi)
     lo, hi, _ = seeds_and_questions(values, boot, alpha)
-    return est, est + lo, est + hi
+    return Estimate(est, est + lo, est + hi, _variance(boot))
 
 
 def probability_of_improvement(x, y) -> float:

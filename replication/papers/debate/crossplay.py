@@ -200,13 +200,16 @@ def over_draws(names, per_draw: list, seed: int, n_boot: int = 2000, records: di
     n = f"{len(per_draw)} draw{'s' if len(per_draw) > 1 else ''} x {len(per_draw[0])} questions"
     out = {}
     for name in names:
-        est, lo, hi = stats.nested_bootstrap(lambda h: values(h)[name], [[h] for h in per_draw],
-                                             [np.arange(len(h)) for h in per_draw], n_boot=n_boot,
-                                             seed=config.derive_seed(seed, "crossplay"))
+        interval = stats.nested_bootstrap(lambda h: values(h)[name], [[h] for h in per_draw],
+                                          [np.arange(len(h)) for h in per_draw], n_boot=n_boot,
+                                          seed=config.derive_seed(seed, "crossplay"))
+        est, lo, hi = interval
         each = [float(values(h)[name]) for h in per_draw]
         digits = DIGITS[name]
         text = fmt.diff((est, lo, hi), digits) + (f" (draws {', '.join(f'{x:+.{digits}f}' for x in each)})" if len(each) > 1 else "")
-        basis = {"interval": (lo, hi), "estimate": est, "seed_differences": each, "health": health, "unit": "draw"}
+        basis = {"interval": (lo, hi), "estimate": est, "seed_differences": each, "health": health, "unit": "draw",
+                 **({} if getattr(interval, "question_variance", None) is None
+                    else {"question_variance": interval.question_variance})}
         if not np.all(np.isfinite([est, lo, hi, *each])):  # e.g. a slope on ratings or win rates that did not vary
             basis = {"not_tested": f"{name} is undefined in a draw or in every resample: the debaters' ratings or win rates did not vary"}
         out[name] = {"estimate": est, "ci95": [lo, hi], "per_draw": each, "text": text, "basis": basis, "n": n}

@@ -99,16 +99,18 @@ def over_draws(statistic, table: pd.DataFrame, columns, n_boot: int = 1000, seed
     the scheme of stats.two_level_bootstrap with draws as seeds) for any statistic, e.g. an AUC; with one draw it
     is stats.bootstrap over questions. A draw whose statistic is not finite (no replies, or replies of one class:
     no AUC) is left out; non-finite resamples are ignored. Returns estimate, ci95, per_draw (nan: left out), draws
-    (used) and n."""
+    (used), the interval's question part (question_variance; None for one draw) and n."""
     parts = draws(table)
     data = [[g[c].to_numpy() for c in columns] for g in parts]
     per_draw = np.array([statistic(*cols) if len(cols[0]) else np.nan for cols in data], float)
     used = np.flatnonzero(np.isfinite(per_draw))
-    _, lo, hi = stats.nested_bootstrap(statistic, [data[d] for d in used], [parts[d]["qid"].to_numpy() for d in used],
-                                       n_boot=n_boot, seed=seed, alpha=alpha)
+    interval = stats.nested_bootstrap(statistic, [data[d] for d in used], [parts[d]["qid"].to_numpy() for d in used],
+                                      n_boot=n_boot, seed=seed, alpha=alpha)
+    _, lo, hi = interval
     left = f"; {len(parts) - len(used)} without a value" if len(used) < len(parts) else ""
     return {"estimate": float(per_draw[used].mean()) if len(used) else np.nan, "ci95": [float(lo), float(hi)],
             "per_draw": [float(x) for x in per_draw], "draws": len(used),
+            "question_variance": getattr(interval, "question_variance", None),
             "n": f"{len(parts)} draw{'s' if len(parts) != 1 else ''} x {table['qid'].nunique()} questions "
                  f"({len(table)} replies{left})"}
 
@@ -164,7 +166,8 @@ def claim_basis(d: dict, reason: str) -> dict:
     reward that saw only one class of replies has no AUC)."""
     if np.isfinite(d["ci95"][0]) and np.isfinite(d["ci95"][1]):
         return {"interval": tuple(d["ci95"]), "estimate": d["estimate"],
-                "seed_differences": [x for x in d["per_draw"] if np.isfinite(x)], "unit": "draw"}
+                "seed_differences": [x for x in d["per_draw"] if np.isfinite(x)], "unit": "draw",
+                **({} if d.get("question_variance") is None else {"question_variance": d["question_variance"]})}
     return {"not_tested": reason}
 
 

@@ -1,0 +1,111 @@
+"""How many seeds each row of a ledger needs: every comparison over seeds (or draws) with its chance of each verdict
+if it were run again with S seeds, the measured difference and seed spread taken as the truth (core.power):
+
+    python -m replication seeds figures/metrics --seeds 3,5,10,20 [--only 03] [--markdown]
+
+A ledger is read as `compare` reads one (a metrics file, a folder of them, or git:REV). The metrics record each
+row's interval and per-seed differences but not its question part, and a width can fit two question parts
+(core.power.question_variances); a chance that differs between them is shown as a range.
+"""
+import sys
+
+from replication.compare import load
+from replication.core import power
+from replication.forest import short_claim
+
+SHORT = {"reproduced": "R", "inconclusive": "I", "not reproduced": "N"}
+
+
+def rows(records: dict, seeds=(3, 5, 10, 20), only=None, sims: int = 2000, seed: int = 0) -> list:
+    """One row per comparison over two or more seeds or draws, in ledger order: notebook, claim (its bracketed
+    qualifiers dropped), n, verdict, and core.power.project's plan."""
+    out = []
+    for stem in sorted(records):
+        if only and not any(stem.startswith(o) for o in only):
+            continue
+        for c in records[stem].get("claims", []):
+            if c.get("interval") is None or len(c.get("seed_differences") or []) < 2:
+                continue
+            out.append({"notebook": stem, "claim": short_claim(c["claim"]), "n": c.get("n"), "verdict": c["verdict"],
+                        **power.project(c, seeds, sims=sims, seed=seed)})
+    return out
+
+
+def _chance(pair) -> str:
+    lo, hi = pair
+    return f"{lo:.2f}" if round(lo, 2) == round(hi, 2) else f"{lo:.2f}-{hi:.2f}"
+
+
+def cell(plan: dict) -> str:
+    """'R 0.66 I 0.34 N 0.00; same 0.55': each verdict's chance, and two runs' chance of the same verdict."""
+    return " ".join(f"{SHORT[k]} {_chance(plan[k])}" for k in power.OUTCOMES) + f"; same {_chance(plan['same'])}"
+
+
+def markdown(table, seeds, width: int = 70) -> str:
+    """The rows as a Markdown table: claim, verdict now, estimate with seed SD (its 90% range), a cell per S, and
+    the chance that every seed lands on the paper's side at the largest S."""
+    top = max(seeds)
+    head = ["notebook", "claim", "now", "estimate, seed SD (90% range)", *[f"{s} seeds" for s in seeds],
+            f"every seed on the paper's side, {top} seeds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in table:
+        claim = r["claim"] if len(r["claim"]) <= width else r["claim"][: width - 3] + "..."
+        lo, hi = r["sd_range"]
+        lines.append("| " + " | ".join([r["notebook"][:2], claim, f"{r['verdict']} ({r['seeds_now']})",
+                                        f"{r['estimate']:+.3g}, {r['seed_sd']:.3g} ({lo:.2g}-{hi:.2g})",
+                                        *[cell(r["plans"][s]) for s in seeds],
+                                        _chance(r["plans"][top]["every_seed"])]) + " |")
+    return "\n".join(lines)
+
+
+def text(table, seeds, width: int = 72) -> str:
+    """The rows for a terminal: one block per comparison."""
+    out = []
+    for r in table:
+        lo, hi = r["sd_range"]
+        out.append(f"{r['notebook'][:2]}  {r['claim'][:width]}\n    now: {r['verdict']} ({r['n']}); estimate "
+                   f"{r['estimate']:+.3g}, seed SD {r['seed_sd']:.3g} (90% range {lo:.2g}-{hi:.2g})")
+        out += [f"    {s:>3} seeds: {cell(r['plans'][s])}; every seed on the paper's side "
+                f"{_chance(r['plans'][s]['every_seed'])}" for s in seeds]
+    return "\n".join(out)
+
+
+def main(argv) -> int:
+    """python -m replication seeds [SOURCE] [--seeds 3,5,10,20] [--only 03] [--sims 2000] [--markdown]."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m replication seeds",
+                                 description="each comparison over seeds: its chance of each verdict at S seeds")
+    ap.add_argument("source", nargs="?", default="figures/metrics")
+    ap.add_argument("--seeds", default="3,5,10,20", help="numbers of seeds to plan for, each 2 or more")
+    ap.add_argument("--only", default=None, help="notebooks, e.g. 03 or 03,05")
+    ap.add_argument("--sims", type=int, default=2000, help="simulated runs per row and number of seeds")
+    ap.add_argument("--markdown", action="store_true", help="a Markdown table instead of blocks")
+    args = ap.parse_args(argv)
+    try:
+        seeds = tuple(int(s) for s in args.seeds.split(","))
+        if not seeds or any(s < 2 for s in seeds):
+            raise ValueError
+    except ValueError:
+        print(f"error: --seeds {args.seeds!r} is not allowed; give numbers of seeds of 2 or more separated by commas "
+              "(e.g. 3,5,10)", file=sys.stderr)
+        return 1
+    if args.sims < 100:
+        print(f"error: --sims {args.sims} is not allowed; it must be an integer >= 100", file=sys.stderr)
+        return 1
+    only = [o.strip() for o in args.only.split(",") if o.strip()] if args.only else None
+    try:
+        table = rows(load(args.source), seeds, only, sims=args.sims)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if not table:
+        print(f"error: no comparison over two or more seeds in {args.source}"
+              + (f" for --only {args.only}" if only else ""), file=sys.stderr)
+        return 1
+    print(markdown(table, seeds) if args.markdown else text(table, seeds))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))
