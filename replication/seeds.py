@@ -18,7 +18,7 @@ SHORT = {"reproduced": "R", "inconclusive": "I", "not reproduced": "N"}
 
 def rows(records: dict, seeds=(3, 5, 10, 20), only=None, sims: int = 2000, seed: int = 0) -> list:
     """One row per comparison over two or more seeds or draws, in ledger order: notebook, claim (its bracketed
-    qualifiers dropped), n, verdict, and core.power.project's plan."""
+    qualifiers dropped), n, verdict, unit ('seed' or 'draw', as its n reads) and core.power.project's plan."""
     out = []
     for stem in sorted(records):
         if only and not any(stem.startswith(o) for o in only):
@@ -26,8 +26,9 @@ def rows(records: dict, seeds=(3, 5, 10, 20), only=None, sims: int = 2000, seed:
         for c in records[stem].get("claims", []):
             if c.get("interval") is None or len(c.get("seed_differences") or []) < 2:
                 continue
+            unit = "draw" if "draw" in str(c.get("n") or "") else "seed"
             out.append({"notebook": stem, "claim": short_claim(c["claim"]), "n": c.get("n"), "verdict": c["verdict"],
-                        **power.project(c, seeds, sims=sims, seed=seed)})
+                        "unit": unit, **power.project(c, seeds, sims=sims, seed=seed)})
     return out
 
 
@@ -45,8 +46,9 @@ def markdown(table, seeds, width: int = 70) -> str:
     """The rows as a Markdown table: claim, verdict now, estimate with seed SD (its 90% range), a cell per S, and
     the chance that every seed lands on the paper's side at the largest S."""
     top = max(seeds)
-    head = ["notebook", "claim", "now", "estimate, seed SD (90% range)", *[f"{s} seeds" for s in seeds],
-            f"every seed on the paper's side, {top} seeds"]
+    units = "seeds or draws" if any(r["unit"] == "draw" for r in table) else "seeds"
+    head = ["notebook", "claim", "now", "estimate, SD between seeds (90% range)", *[f"{s} {units}" for s in seeds],
+            f"every one on the paper's side, {top} {units}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table:
         claim = r["claim"] if len(r["claim"]) <= width else r["claim"][: width - 3] + "..."
@@ -63,9 +65,10 @@ def text(table, seeds, width: int = 72) -> str:
     out = []
     for r in table:
         lo, hi = r["sd_range"]
+        u = r["unit"]
         out.append(f"{r['notebook'][:2]}  {r['claim'][:width]}\n    now: {r['verdict']} ({r['n']}); estimate "
-                   f"{r['estimate']:+.3g}, seed SD {r['seed_sd']:.3g} (90% range {lo:.2g}-{hi:.2g})")
-        out += [f"    {s:>3} seeds: {cell(r['plans'][s])}; every seed on the paper's side "
+                   f"{r['estimate']:+.3g}, {u} SD {r['seed_sd']:.3g} (90% range {lo:.2g}-{hi:.2g})")
+        out += [f"    {s:>3} {u}s: {cell(r['plans'][s])}; every {u} on the paper's side "
                 f"{_chance(r['plans'][s]['every_seed'])}" for s in seeds]
     return "\n".join(out)
 

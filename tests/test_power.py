@@ -93,22 +93,25 @@ def _ledger(tmp_path, claims):
 
 
 def _claim(text, interval, diffs, verdict, **kw):
-    return {"claim": text, "verdict": verdict, "interval": interval, "seed_differences": diffs, "n": "3 seeds x 200 questions",
-            "estimate": float(np.mean(diffs)), "direction": 1, "null": 0.0, "effect": None, **kw}
+    return {"claim": text, "verdict": verdict, "interval": interval, "seed_differences": diffs,
+            "n": "3 seeds x 200 questions", "estimate": float(np.mean(diffs)), "direction": 1, "null": 0.0,
+            "effect": None, **kw}
 
 
 def test_the_command_plans_every_comparison_over_seeds(tmp_path, capsys):
     folder = _ledger(tmp_path, [
         _claim("RLPR beats RLVR [sums; oracle]", [0.010341, 0.169659], [0.045, 0.13, 0.095], "reproduced"),
         _claim("one run", [0.0, 0.2], [0.1], "inconclusive"),
+        _claim("mean ranks better than product", [-0.06, 0.072], [0.044, -0.011, -0.015], "inconclusive",
+               n="3 draws x 28 questions"),
         {"claim": "arithmetic", "verdict": "reproduced", "interval": None, "seed_differences": None}])
     assert seeds_cli.main([str(folder), "--seeds", "3,10", "--sims", "500"]) == 0
     out = capsys.readouterr().out
     assert "RLPR beats RLVR" in out and "[sums" not in out and "one run" not in out and "arithmetic" not in out
-    assert " 3 seeds: R " in out and " 10 seeds: R " in out
+    assert " 3 seeds: R " in out and " 10 seeds: R " in out and " 3 draws: R " in out and "draw SD" in out
     assert seeds_cli.main([str(folder), "--seeds", "3", "--sims", "500", "--markdown"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].startswith("| notebook | claim | now |") and len(table) == 3
+    assert table[0].startswith("| notebook | claim | now |") and "3 seeds or draws" in table[0] and len(table) == 4
 
 
 @pytest.mark.parametrize("args, message", [(["--seeds", "1,3"], "--seeds"), (["--seeds", "x"], "--seeds"),
