@@ -82,7 +82,7 @@ class Run:
         A training comparison (lm.arms.compare's `basis`) also passes its estimate, its per-seed differences (one
         seed: at most 'inconclusive', qualified 'one run'; 'one draw' with unit='draw'), `health`, a failed
         health check reported beside the verdict, and the interval's question part (`question_variance`, recorded
-        for `python -m replication seeds`). n: a count, or a text such as '3 seeds x 200 questions'."""
+        for `python -m replication seeds`; read from the interval itself when it is a stats.Interval). n: a count, or a text such as '3 seeds x 200 questions'."""
         config.check_choice("evidence", evidence, verdicts.EVIDENCE)
         basis = {k: v for k, v in {"matches": matches, "holds": holds, "parts": parts, "not_tested": not_tested}.items()
                  if v is not None}
@@ -103,6 +103,8 @@ class Run:
             why = f"{why} ({not_tested})" if why else not_tested
         if evidence == "simulation" and verdicts.SIMULATION_NOTE not in why:
             why = f"{why} ({verdicts.SIMULATION_NOTE})"
+        if question_variance is None:   # a two-level interval (stats.Interval) carries its question part
+            question_variance = getattr(interval, "question_variance", None)
         if interval is not None:
             interval = [round(float(interval[0]), 6), round(float(interval[1]), 6)]
         r6 = lambda x: None if x is None else round(float(x), 6)  # noqa: E731

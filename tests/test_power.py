@@ -157,3 +157,15 @@ def test_a_recorded_question_part_settles_the_plan():
     plan = power.project(claim, seeds=(3, 5), sims=300)
     assert plan["question_variances"] == [basis["question_variance"]]
     assert all(lo == hi for s in (3, 5) for lo, hi in plan["plans"][s].values())
+
+
+def test_a_comparison_s_interval_carries_its_question_part_into_the_basis():
+    """arms.compare's ci95 is a stats.Interval, so a basis built from it (arms.basis, as notebooks 02 and 05 do)
+    keeps the question part; a plain list has none."""
+    from replication.lm import arms
+
+    interval = stats.two_level_bootstrap(np.random.default_rng(1).normal(0.1, 0.3, (3, 50)), n_boot=300).interval
+    assert isinstance(interval, list) and interval.question_variance > 0
+    records = {"a": {"healthy": True}}
+    assert arms.basis(interval, records, ["a"])["question_variance"] == interval.question_variance
+    assert "question_variance" not in arms.basis(list(interval), records, ["a"])

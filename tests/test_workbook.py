@@ -9,7 +9,7 @@ import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
 from replication import workbook
-from replication.core import config, files, params
+from replication.core import config, files, params, stats
 from replication.core.figures import savefig
 from replication.lm import models
 
@@ -32,10 +32,13 @@ def test_run_record_and_figures(runs):
     run.claim("c", "1", "3", "real model", "why", interval=(0.05, 0.2), n=200)  # same claim replaces the earlier row
     run.claim("d", "1", "2", "real model", "why", interval=(0.05, 0.2), n="3 seeds x 200 questions",
               seed_differences=[0.1, 0.12, 0.15], question_variance=0.000123456789)
+    run.claim("e", "1", "2", "real model", "why", interval=stats.Interval(0.05, 0.2, 0.0004), n="3 seeds x 200 questions",
+              seed_differences=[0.1, 0.12, 0.15])   # a two-level interval carries its question part
     record = json.loads(run.finish().read_text())
     assert not (runs / "smoke").exists()
-    assert record["seed"] == 3 and len(record["claims"]) == 2 and record["claims"][0]["measured"] == "3"
-    assert record["claims"][0]["question_variance"] is None and record["claims"][1]["question_variance"] == 0.000123457
+    assert record["seed"] == 3 and len(record["claims"]) == 3 and record["claims"][0]["measured"] == "3"
+    assert [c["question_variance"] for c in record["claims"]] == [None, 0.000123457, 0.0004]
+    assert record["claims"][2]["interval"] == [0.05, 0.2]
     assert record["device"] == models.describe_device() and record["torch"] == torch.__version__  # where it computed
     row = record["claims"][0]
     assert row["verdict"] == "reproduced" and row["evidence"] == "real model" and row["interval"] == [0.05, 0.2]

@@ -71,10 +71,19 @@ def paired_bootstrap(a, b, n_boot: int = 2000, seed: int = 0, alpha: float = 0.0
 
 # ---- training comparisons over seeds -------------------------------------------------------------------
 
+class Interval(list):
+    """[low, high] of a two-level interval with its question part as `question_variance` (None: not a two-level
+    interval), which run.claim records when given the interval; it prints, compares and is written as the list."""
+
+    def __init__(self, low, high, question_variance=None):
+        super().__init__((float(low), float(high)))
+        self.question_variance = question_variance
+
+
 class Estimate(tuple):
     """(estimate, low, high) of a two-level interval, with the variance of its question part beside it
     (`question_variance`; None for one seed or draw, whose interval is a percentile bootstrap), so that a ledger row
-    can say how its interval would narrow with more seeds (core.power)."""
+    can say how its interval would narrow with more seeds (core.power). `interval`: [low, high] as an Interval."""
 
     def __new__(cls, estimate, low, high, question_variance=None):
         out = super().__new__(cls, (estimate, low, high))
@@ -83,6 +92,10 @@ class Estimate(tuple):
 
     def __getnewargs__(self):
         return (*self, self.question_variance)
+
+    @property
+    def interval(self) -> Interval:
+        return Interval(self[1], self[2], self.question_variance)
 
 
 def joined_half(v_seed, v_q, n_seeds: int, alpha: float = 0.05):
@@ -125,8 +138,8 @@ def two_level_bootstrap(diffs, n_boot: int = 2000, seed: int = 0, alpha: float =
     interval from the spread of the per-seed means (S - 1 degrees of freedom), and within, a bootstrap of the
     questions, the same resample for every seed (the seeds answer the same questions), joined by
     `seeds_and_questions`. questions=False: the seeds only, the t interval over per-seed means. One seed gives the
-    percentile bootstrap over its questions (one run's interval). Over seeds the result is an `Estimate`, whose
-    question_variance is the question part of the interval."""
+    percentile bootstrap over its questions (one run's interval). The result is an `Estimate`: over seeds its
+    question_variance is the question part of the interval (None for one seed)."""
     d = np.asarray(diffs, dtype=float)
     if d.ndim != 2 or not d.size:
         raise ValueError("diffs must be a non-empty seeds x questions array of paired differences")
@@ -135,7 +148,7 @@ def two_level_bootstrap(diffs, n_boot: int = 2000, seed: int = 0, alpha: float =
     rows = rng.integers(0, n_questions, size=(n_boot, n_questions))
     if n_seeds == 1:
         lo, hi = np.quantile(d[0][rows].mean(axis=1), [alpha / 2, 1 - alpha / 2])
-        return float(d.mean()), float(lo), float(hi)
+        return Estimate(float(d.mean()), float(lo), float(hi))
     draws = d[:, rows].mean(axis=(0, 2)) if questions else np.array([])
     lo, hi, _ = seeds_and_questions(d.mean(axis=1), draws, alpha)
     return Estimate(float(d.mean()), float(d.mean() + lo), float(d.mean() + hi), _variance(draws))
@@ -149,7 +162,7 @@ def nested_bootstrap(statistic, units, groups, n_boot: int = 2000, seed: int = 0
     (questions, whole, with replacement; the same resample for every unit when all have as many groups, else each
     its own). units: per unit a list of equally long columns; groups: per unit the group label of each row. For a
     plain mean of one value per group it gives two_level_bootstrap's interval; with one unit it is `bootstrap`
-    over groups. Non-finite resamples are ignored. Over units the result is an `Estimate` (its question part
+    over groups. Non-finite resamples are ignored. The result is an `Estimate` (over units its question part
     beside it)."""
     if not units:
         return float("nan"), float("nan"), float("nan")
@@ -172,7 +185,7 @@ def nested_bootstrap(statistic, units, groups, n_boot: int = 2000, seed: int = 0
         return est, float("nan"), float("nan")
     if len(units) == 1:
         lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
-        return est, float(lo), float(hi)
+        return Estimate(est, float(lo), float(hi))
     lo, hi, _ = seeds_and_questions(values, boot, alpha)
     return Estimate(est, est + lo, est + hi, _variance(boot))
 

@@ -149,7 +149,7 @@ def compare(a: str, b: str, tables: dict, records: dict, column: str = "correct"
     d = stats.two_level_bootstrap(diffs, n_boot=n_boot, seed=seed)
     per_seed = diffs.mean(axis=1)
     health_text = failed_text((a, b), records, unit)
-    return {"pair": f"{a} - {b}", "difference": d[0], "ci95": [d[1], d[2]], "seeds": n, "questions": diffs.shape[1],
+    return {"pair": f"{a} - {b}", "difference": d[0], "ci95": d.interval, "seeds": n, "questions": diffs.shape[1],
             "n": f"{n} {unit}{'s' if n > 1 else ''} x {diffs.shape[1]} questions",
             "per_seed": [float(x) for x in per_seed],
             "probability_of_improvement": stats.probability_of_improvement([x.mean() for x, _ in pairs[:len(ta)]],
@@ -164,6 +164,8 @@ def basis(interval, records: dict, names, estimate: float = None, seed_differenc
     """run.claim's basis for a difference between the named arms: the interval (with its estimate and per-seed
     differences when given) and, beside it, any failed health check of the named arms (failed_text)."""
     out = {"interval": tuple(interval), "health": failed_text(names, records)}
+    if getattr(interval, "question_variance", None) is not None:   # a two-level interval's question part
+        out["question_variance"] = interval.question_variance
     if estimate is not None:
         out["estimate"] = estimate
     if seed_differences is not None:

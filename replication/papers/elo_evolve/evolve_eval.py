@@ -188,8 +188,8 @@ def lc_win_rates(a, b=None, n_boot: int = 1000, seed: int = 0) -> dict:
 
     n, q = len(ta), len(ta[0])
     per_seed = [value(*u) for u in units]
-    _, lo, hi = stats.nested_bootstrap(value, units, [np.arange(q)] * n, n_boot=n_boot, seed=seed)
-    return {"estimate": float(np.mean(per_seed)), "ci95": [float(lo), float(hi)], "per_seed": [float(x) for x in per_seed],
+    interval = stats.nested_bootstrap(value, units, [np.arange(q)] * n, n_boot=n_boot, seed=seed).interval
+    return {"estimate": float(np.mean(per_seed)), "ci95": interval, "per_seed": [float(x) for x in per_seed],
             "seeds": n, "questions": q, "n": f"{n} seed{'s' if n > 1 else ''} x {q} questions"}
 
 
@@ -201,8 +201,8 @@ def arm_summary(tables, n_boot: int = 1000, seed: int = 0) -> dict:
     out = {"seeds": len(tables)}
     for key, col in (("win_rate", "p_win"), ("accuracy", "correct")):
         x = np.array([t[col].to_numpy(float) for t in tables])
-        est, lo, hi = stats.two_level_bootstrap(x, n_boot=n_boot, seed=config.derive_seed(seed, key))
-        out.update({key: est, f"{key}_ci95": [lo, hi], f"{key}_seeds": x.mean(axis=1).tolist()})
+        r = stats.two_level_bootstrap(x, n_boot=n_boot, seed=config.derive_seed(seed, key))
+        out.update({key: r[0], f"{key}_ci95": r.interval, f"{key}_seeds": x.mean(axis=1).tolist()})
     lc = lc_win_rates(tables, n_boot=n_boot, seed=config.derive_seed(seed, "lc_win_rate"))
     out.update(lc_win_rate=lc["estimate"], lc_win_rate_ci95=lc["ci95"], lc_win_rate_seeds=lc["per_seed"],
                format_rate=float(np.mean([t["format"].mean() for t in tables])),
@@ -220,9 +220,9 @@ def rating_rise(runs, k: float, n_boot: int = 2000, seed: int = 0) -> dict:
     if len({len(v) for v in per_prompt}) != 1:
         raise ValueError("every seed's run must have the same number of steps and prompts")
     x = np.array(per_prompt)
-    est, lo, hi = stats.two_level_bootstrap(x, n_boot=n_boot, seed=config.derive_seed(seed, "rating-rise"))
+    r = stats.two_level_bootstrap(x, n_boot=n_boot, seed=config.derive_seed(seed, "rating-rise"))
     n = len(x)
-    return {"rise": est, "ci95": [lo, hi], "per_seed": x.mean(axis=1).tolist(), "seeds": n, "prompts": x.shape[1],
+    return {"rise": r[0], "ci95": r.interval, "per_seed": x.mean(axis=1).tolist(), "seeds": n, "prompts": x.shape[1],
             "n": f"{n} seed{'s' if n > 1 else ''} x {x.shape[1]} prompts"}
 
 

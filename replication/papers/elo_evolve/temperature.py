@@ -45,9 +45,9 @@ def rating_difference(runs_a, runs_b, k: float, n_boot: int = 2000, seed: int = 
             raise ValueError("the two arms did not draw the same prompts; pair runs of the same training seed")
         diffs.append(np.asarray(prompt_rises(ra, k)) - np.asarray(prompt_rises(rb, k)))
     x = np.array(diffs)
-    est, lo, hi = stats.two_level_bootstrap(x, n_boot=n_boot, seed=config.derive_seed(seed, "rating-difference"))
+    r = stats.two_level_bootstrap(x, n_boot=n_boot, seed=config.derive_seed(seed, "rating-difference"))
     n = len(x)
-    return {"difference": est, "ci95": [lo, hi], "per_seed": x.mean(axis=1).tolist(), "seeds": n, "prompts": x.shape[1],
+    return {"difference": r[0], "ci95": r.interval, "per_seed": x.mean(axis=1).tolist(), "seeds": n, "prompts": x.shape[1],
             "n": f"{n} seed{'s' if n > 1 else ''} x {x.shape[1]} prompts"}
 
 

@@ -119,9 +119,9 @@ def _over_seeds(values, n_boot: int, seed: int, unit: str = "questions") -> dict
     """The mean of a seeds x items array with its two-level 95% interval (stats.two_level_bootstrap: seeds, then items
     within a seed), each seed's mean, and n as '3 seeds x 200 questions'."""
     x = np.asarray(values, float)
-    mean, lo, hi = stats.two_level_bootstrap(x, n_boot=n_boot, seed=seed)
+    r = stats.two_level_bootstrap(x, n_boot=n_boot, seed=seed)
     k = x.shape[0]
-    return {"mean": mean, "ci95": [lo, hi], "per_seed": [float(v) for v in x.mean(axis=1)],
+    return {"mean": r[0], "ci95": r.interval, "per_seed": [float(v) for v in x.mean(axis=1)],
             "n": f"{k} seed{'s' if k > 1 else ''} x {x.shape[1]} {unit}"}
 
 

@@ -84,13 +84,13 @@ def signal(rated_by_judge, n_boot: int = 1000, seed: int = 0) -> dict:
     problems'."""
     rated = list(rated_by_judge)
     gaps = np.stack([pass_gaps(r) for r in rated])
-    gap, lo, hi = stats.two_level_bootstrap(gaps, n_boot=n_boot, seed=seed)
+    gap = stats.two_level_bootstrap(gaps, n_boot=n_boot, seed=seed)
     units = [[r["quality"].to_numpy(float), r["well_posed"].to_numpy(bool)] for r in rated]
     auc = stats.nested_bootstrap(stats.auc, units, [r["problem"].to_numpy() for r in rated], n_boot=n_boot, seed=seed)
     k = len(rated)
     return {"pass_well_posed": [float(r.loc[r["well_posed"], "passes"].mean()) for r in rated],
             "pass_degraded": [float(r.loc[~r["well_posed"], "passes"].mean()) for r in rated],
             "pass_by_kind": [r.groupby("kind", sort=False)["passes"].mean().to_dict() for r in rated],
-            "gap": gap, "gap_ci95": [lo, hi], "gap_per_judge": [float(g.mean()) for g in gaps],
-            "auc": auc[0], "auc_ci95": [auc[1], auc[2]], "auc_per_judge": [stats.auc(*u) for u in units],
+            "gap": gap[0], "gap_ci95": gap.interval, "gap_per_judge": [float(g.mean()) for g in gaps],
+            "auc": auc[0], "auc_ci95": auc.interval, "auc_per_judge": [stats.auc(*u) for u in units],
             "n": f"{k} seed{'s' if k > 1 else ''} x {gaps.shape[1]} problems"}

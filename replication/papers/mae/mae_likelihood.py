@@ -61,9 +61,9 @@ def signal(judged, n_boot: int = 1000, seed: int = 0) -> dict:
     judged = list(judged)
     units = [[j["score"].to_numpy(float), j["correct"].to_numpy(bool)] for j in judged]
     groups = [j["qid"].to_numpy() if "qid" in j else np.arange(len(j)) for j in judged]
-    est, lo, hi = stats.nested_bootstrap(stats.auc, units, groups, n_boot=n_boot, seed=seed)
+    r = stats.nested_bootstrap(stats.auc, units, groups, n_boot=n_boot, seed=seed)
     k, n = len(judged), len(judged[0]) if judged else 0
-    return {"auc": est, "ci95": [lo, hi], "per_seed": [stats.auc(*u) for u in units],
+    return {"auc": r[0], "ci95": r.interval, "per_seed": [stats.auc(*u) for u in units],
             "mean_score_right": [float(j.loc[j["correct"].astype(bool), "score"].mean()) for j in judged],
             "mean_score_wrong": [float(j.loc[~j["correct"].astype(bool), "score"].mean()) for j in judged],
             "n": f"{k} seed{'s' if k > 1 else ''} x {n} questions"}

@@ -85,9 +85,9 @@ def summary(probe, variants, records: dict, n_boot: int = 2000, seed: int = 0) -
         arrays[name] = {k: np.array([o[k] for o in per]) for k in per[0]}
         a = arrays[name]
         net = a["fixed"] - a["broken"]
-        d, lo, hi = stats.two_level_bootstrap(net, n_boot=n_boot, seed=seed)
+        r = stats.two_level_bootstrap(net, n_boot=n_boot, seed=seed)
         out[name] = {**{f"{k}_rate": malt_eval.rate_interval(a[k], n_boot, seed) for k in ("fixed", "broken", "kept_wrong", "kept_right")},
-                     "fixed": int(a["fixed"].sum()), "broken": int(a["broken"].sum()), "net": d, "ci95": [lo, hi],
+                     "fixed": int(a["fixed"].sum()), "broken": int(a["broken"].sum()), "net": r[0], "ci95": r.interval,
                      "per_seed": [float(x) for x in net.mean(1)], "seeds": len(per), "questions": net.shape[1],
                      "n": f"{len(per)} seed{'s' if len(per) > 1 else ''} x {net.shape[1]} questions"}
     trained = [v for v in variants if v != "untrained"]

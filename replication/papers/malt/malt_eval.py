@@ -180,8 +180,8 @@ def flip_table(rows, variants, n_boot: int = 2000, seed: int = 0) -> dict:
             for r in rs:
                 by_q.setdefault(r["question"], []).append(float(r["correct"]) - float(r["g_correct"]))
             change.append([np.mean(by_q[q]) for q in sorted(by_q)])
-        d, lo, hi = stats.two_level_bootstrap(np.array(change), n_boot=n_boot, seed=seed)
-        out[name] = {**flips(chains), "mcnemar_p": test["p_value"], "change": d, "ci95": [lo, hi],
+        r = stats.two_level_bootstrap(np.array(change), n_boot=n_boot, seed=seed)
+        out[name] = {**flips(chains), "mcnemar_p": test["p_value"], "change": r[0], "ci95": r.interval,
                      "per_seed": [float(np.mean(c)) for c in change], "chains": len(chains),
                      "questions": len(change[0]), "seeds": len(per),
                      "n": f"{len(per)} seed{'s' if len(per) > 1 else ''} x {len(change[0])} questions"}
