@@ -61,15 +61,16 @@ def markdown(table, seeds, width: int = 70) -> str:
 
 
 def text(table, seeds, width: int = 72) -> str:
-    """The rows for a terminal: one block per comparison."""
+    """The rows for a terminal: one block per comparison, each number of seeds with its chances, the chance that the
+    interval clears no effect and the chance that every seed lands on the paper's side (`reproduced` needs both)."""
     out = []
     for r in table:
         lo, hi = r["sd_range"]
         u = r["unit"]
         out.append(f"{r['notebook'][:2]}  {r['claim'][:width]}\n    now: {r['verdict']} ({r['n']}); estimate "
                    f"{r['estimate']:+.3g}, {u} SD {r['seed_sd']:.3g} (90% range {lo:.2g}-{hi:.2g})")
-        out += [f"    {s:>3} {u}s: {cell(r['plans'][s])}; every {u} on the paper's side "
-                f"{_chance(r['plans'][s]['every_seed'])}" for s in seeds]
+        out += [f"    {s:>3} {u}s: {cell(r['plans'][s])}; interval clears no effect {_chance(r['plans'][s]['clears'])}, "
+                f"every {u} on the paper's side {_chance(r['plans'][s]['every_seed'])}" for s in seeds]
     return "\n".join(out)
 
 

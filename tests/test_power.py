@@ -109,6 +109,7 @@ def test_the_command_plans_every_comparison_over_seeds(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "RLPR beats RLVR" in out and "[sums" not in out and "one run" not in out and "arithmetic" not in out
     assert " 3 seeds: R " in out and " 10 seeds: R " in out and " 3 draws: R " in out and "draw SD" in out
+    assert "interval clears no effect" in out
     assert seeds_cli.main([str(folder), "--seeds", "3", "--sims", "500", "--markdown"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].startswith("| notebook | claim | now |") and "3 seeds or draws" in table[0] and len(table) == 4
