@@ -69,8 +69,9 @@ def text(table, seeds, width: int = 72) -> str:
         u = r["unit"]
         out.append(f"{r['notebook'][:2]}  {r['claim'][:width]}\n    now: {r['verdict']} ({r['n']}); estimate "
                    f"{r['estimate']:+.3g}, {u} SD {r['seed_sd']:.3g} (90% range {lo:.2g}-{hi:.2g})")
-        out += [f"    {s:>3} {u}s: {cell(r['plans'][s])}; interval clears no effect {_chance(r['plans'][s]['clears'])}, "
-                f"every {u} on the paper's side {_chance(r['plans'][s]['every_seed'])}" for s in seeds]
+        out += [f"    {s:>3} {u}s: {cell(r['plans'][s])}; interval clears no effect "
+                f"{_chance(r['plans'][s]['clears'])}, every {u} on the paper's side {_chance(r['plans'][s]['every_seed'])}"
+                for s in seeds]
     return "\n".join(out)
 
 

@@ -101,8 +101,9 @@ class Estimate(tuple):
 def joined_half(v_seed, v_q, n_seeds: int, alpha: float = 0.05):
     """(half-width, df) of the interval that joins a between-seed variance of the mean (v_seed: the per-seed values'
     variance over S, S - 1 degrees of freedom) with a question part v_q: Student's t with Satterthwaite's degrees of
-    freedom (infinite where v_seed is 0). Arrays broadcast. The half-width is not monotone in v_q: a question part of
-    about 0.75 v_seed (at S = 3) adds degrees of freedom faster than variance, so the interval narrows before it widens."""
+    freedom (infinite where v_seed is 0). Arrays broadcast. The half-width is not monotone in v_q: a question part
+    of about 0.75 v_seed (at S = 3) adds degrees of freedom faster than variance, so the interval narrows before it
+    widens."""
     v_seed, v_q = np.asarray(v_seed, dtype=float), np.asarray(v_q, dtype=float)
     v = v_seed + v_q
     with np.errstate(divide="ignore", invalid="ignore"):

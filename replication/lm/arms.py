@@ -137,9 +137,10 @@ def compare(a: str, b: str, tables: dict, records: dict, column: str = "correct"
     interval from the per-seed means, within a bootstrap of the shared questions); beside it the per-seed
     differences, the probability of improvement over the per-seed means (stats.probability_of_improvement) and
     run.claim's `basis`: interval, estimate, per-seed differences (one seed caps the verdict at 'inconclusive (one
-    run)'), over seeds the interval's question part (core.power plans seeds with it) and any failed health check, reported beside the verdict (a failed arm's comparison is still measured
-    and judged). unit: what a repeat is, in n and the health text ('seed'; 'draw' for draws of sampled replies
-    without training)."""
+    run)'), over seeds the interval's question part (core.power plans seeds with it; `ci95` is a stats.Interval
+    that carries it too) and any failed health check, reported beside the verdict (a failed arm's comparison is
+    still measured and judged). unit: what a repeat is, in n and the health text ('seed'; 'draw' for draws of
+    sampled replies without training)."""
     ta, tb = by_seed(tables[a]), by_seed(tables[b])
     if len(ta) != len(tb) and 1 not in (len(ta), len(tb)):
         raise ValueError(f"{a} has {len(ta)} seeds and {b} {len(tb)}; pair the same training seeds")
@@ -157,7 +158,7 @@ def compare(a: str, b: str, tables: dict, records: dict, column: str = "correct"
             "failed": [x for x in (a, b) if not all(r["healthy"] for r in by_seed(records[x]))],
             "basis": {"interval": (d[1], d[2]), "estimate": d[0], "seed_differences": [float(x) for x in per_seed],
                       "health": health_text, **({} if unit == "seed" else {"unit": unit}),
-                      **({} if getattr(d, "question_variance", None) is None else {"question_variance": d.question_variance})}}
+                      **({} if d.question_variance is None else {"question_variance": d.question_variance})}}
 
 
 def basis(interval, records: dict, names, estimate: float = None, seed_differences=None) -> dict:
