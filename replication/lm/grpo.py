@@ -31,7 +31,7 @@ class GRPOConfig:
     max_new_tokens: int = 48
     temperature: float = 1.0
     top_p: float = 1.0                # nucleus sampling in the rollout (1.0: off)
-    top_k: int = 0                    # keep the k most likely tokens (0: off)
+    top_k: int = 0                    # keep the k most likely tokens (0: unset, so generate() keeps its default 50)
     min_p: float = 0.0                # drop tokens below min_p x the top probability (0: off)
     rollout_dtype: str = "float32"    # float32 | bfloat16: sample from a bf16 copy of the policy (faster on a CPU
                                       # with AVX-512 BF16); the update and the reference follow update_dtype

@@ -1,7 +1,8 @@
 """Elo-Evolve's arm runs side by side (notebook 02's 21 runs at the default profile: seven arms x three training
 seeds). Each run not yet finished, or whose held-out judging is not yet in the cache, trains and is judged in a
-worker process at one thread on a freshly loaded model (parallel.made_then_read); every run is then read back here
-in order, as a finished run and a cached judging, so every later cell sees the same rows. The undegraded runs go
+worker process at one thread on a freshly loaded model (parallel.make_pending, once per wave); every run is then
+read back here in order (parallel.read_in_order), as a finished run and a cached judging, so every later cell sees
+the same rows. The undegraded runs go
 first: a degraded run starts from its twin's checkpoint at the degradation step (evolve.fork), so it trains in a
 second wave. With workers=1 every run trains here, one after another, as the notebook did before."""
 import functools
