@@ -288,7 +288,16 @@ def test_missing_pool_file_is_made_from_the_opponent_models(tmp_path):
     made = json.loads(pool.read_text())
     assert sorted(made) == ["a", "b"] and all(len(v) == 3 and all(isinstance(x, str) for x in v) for v in made.values())
     assert reward.pool == made and list(reward.ratings) == [1400.0, 1600.0]
-    pool.write_text(json.dumps({"a": ["x"] * 3, "b": ["y"] * 3}))  # an existing file is read, not made again
+    assert json.loads(train.pool_key_file(pool).read_text()) == train.pool_key(cfg)
+    # made with other settings (the problems' seed): made again, not read stale
+    pool.write_text(json.dumps({"a": ["x"] * 3, "b": ["y"] * 3}))
+    assert train.elo_pieces(cfg, *reversed(train.load(cfg)))[1].pool["a"] == ["x"] * 3   # the same settings: read
+    other = {**cfg, "seed": 1}
+    assert train.pool_made_for_other(pool, other)
+    assert train.elo_pieces(other, *reversed(train.load(other)))[1].pool["a"] != ["x"] * 3
+    assert json.loads(train.pool_key_file(pool).read_text())["seed"] == 1
+    train.pool_key_file(pool).unlink()   # a file without a key file is the user's: read as it is
+    pool.write_text(json.dumps({"a": ["x"] * 3, "b": ["y"] * 3}))
     assert train.elo_pieces(cfg, *reversed(train.load(cfg)))[1].pool["a"] == ["x"] * 3
 
 

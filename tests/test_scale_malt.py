@@ -83,6 +83,8 @@ def test_trees_are_keyed_by_their_settings_and_roles_cut_to_the_limits(tmp_path)
     saved = json.loads((config.ROOT / cfg["malt"]["tree_file"]).read_text())
     assert saved["key"] == trl_malt.tree_key(cfg)
     assert trl_malt.tree_key({**cfg, "seed": 1}) != saved["key"]
+    for section, change in (("malt", {"batch_size": 3}), ("sft", {"bf16": True})):   # which samples, in what precision
+        assert trl_malt.tree_key({**cfg, section: {**cfg[section], **change}}) != saved["key"]
     data = trl_malt.role_data(saved["tree"], {**cfg, "malt": {**cfg["malt"], "max_sft": 1, "max_pairs": 1}})
     assert all(len(s) <= 1 and len(p) <= 1 for s, p in data.values())
     assert data[ROLE][0][0] in malt.sft_examples(saved["tree"])[ROLE]

@@ -70,6 +70,12 @@ def test_seed_run_keeps_the_first_seeds_key():
     assert files.digest(same_key) == files.digest({"model": "m", "level": "2d-1step-add", "seed": 0, "grpo": str(cfg)})
     other, other_key = yardstick.seed_run(key, cfg, 1)
     assert other.seed == 1 and other.lr == cfg.lr and other_key["seed"] == 1 and files.digest(other_key) != files.digest(same_key)
+    # at notebook seed 0 (every profile's) the later seeds' keys are as they were before the notebook's seed was
+    # recorded; at notebook seed 1 its training seed 1 drew other questions, so it must not read seed 0's seed-1 run
+    assert other_key == {**key, "seed": 1, "grpo": str(other)}
+    moved = {**key, "seed": 1}
+    first, first_key = yardstick.seed_run(moved, cfg, 1)
+    assert first == other and first_key["data_seed"] == 1 and files.digest(first_key) != files.digest(other_key)
 
 
 def test_choose_lr_uses_training_reward_only():

@@ -108,6 +108,15 @@ def training_seeds(seed: int, seeds: int) -> list:
     return [seed + i for i in range(seeds)]
 
 
+def data_key(seed: int) -> dict:
+    """What a training seed's cache key adds for the notebook's seed, which draws the questions and worked
+    examples, where the key's own "seed" is the training seed: {"data_seed": seed}, or nothing for seed 0 (every
+    profile's), so that the entries keyed before the notebook's seed was recorded stay valid. Without it, training
+    seed 1 of a notebook at seed 0 and of one at seed 1 would share a key but not their questions."""
+    config.check_int("seed", seed, minimum=0)
+    return {"data_seed": seed} if seed else {}
+
+
 def by_seed(value) -> list:
     """An arm's per-seed values: a list or tuple as given (training seed i at position i), one value (an untrained
     arm, or a one-seed run) as a list of one."""

@@ -15,8 +15,8 @@ from replication.lm import elo, models, tasks
 from replication.papers.elo_evolve import evolve, judging
 from replication.papers.mae import mae
 from replication.papers.rlpr import answers, rlpr, rlpr_training
-from . import trl_grpo, trl_mae, trl_malt
-from .configs import METHODS, TRAINERS, TRL_DEFAULTS, mae_config, read_config
+from . import configs, trl_grpo, trl_mae, trl_malt
+from .configs import METHODS, TRL_DEFAULTS, mae_config, read_config
 
 def grpo_args(cfg: dict, method: str = None):
     """trl.GRPOConfig from the trl section, with the run's output_dir and seed."""
@@ -50,8 +50,7 @@ def load(cfg: dict, name: str = None):
     name = name or cfg["model"]
     if name == "tiny":
         return models.tiny_model(seed=cfg["seed"])
-    bf16 = any(cfg.get(s, {}).get("bf16") for s in TRAINERS)
-    return models.load_model(name, dtype=torch.bfloat16 if bf16 else torch.float32)
+    return models.load_model(name, dtype=torch.bfloat16 if configs.bf16(cfg) else torch.float32)
 
 
 def lora_config(cfg: dict):
@@ -77,7 +76,9 @@ def elo_pieces(cfg: dict, tok, base):
     judge = judging.make_judge(e["judge"], frozen, d["level"], e["judge_shots"], seed)
     if e["pool_file"]:  # the opponents' cached responses, one per training problem, and their ratings
         path = repo_file(e["pool_file"])
-        if not path.is_file():
+        if not path.is_file() or pool_made_for_other(path, cfg):
+            if path.is_file():
+                print(f"elo-evolve.pool_file {path}: made with other settings; the opponents answer again")
             make_pool(cfg, problems, path)
         pool = json.loads(path.read_text())
         if sorted(pool) != sorted(e["ratings"]) or any(len(r) != len(problems) for r in pool.values()):
@@ -102,11 +103,32 @@ def repo_file(name) -> Path:
     return Path(name) if Path(name).is_absolute() else config.ROOT / name
 
 
+def pool_key(cfg: dict) -> dict:
+    """What a pool this command makes depends on: the problems (level, count, seed), the prompt's worked examples,
+    the opponents' models and precision, the sampling temperature and length."""
+    e, d = cfg["elo-evolve"], cfg["data"]
+    return {"level": d["level"], "n_train": d["n_train"], "shots": d["shots"], "seed": cfg["seed"],
+            "temperature": float(cfg["trl"].get("temperature", 1.0)), "pool_tokens": e["pool_tokens"],
+            "opponents": list(e["ratings"]), "opponent_models": e["opponent_models"], "bf16": configs.bf16(cfg)}
+
+
+def pool_key_file(path: Path) -> Path:
+    """The key a made pool_file is written with, beside it (<pool_file>.key.json)."""
+    return path.with_name(path.name + ".key.json")
+
+
+def pool_made_for_other(path: Path, cfg: dict) -> bool:
+    """True when pool_file was made by this command with other settings (its key file differs), so it is made
+    again; a pool_file without a key file is one the user supplied, and is read as it is."""
+    keyed = pool_key_file(path)
+    return keyed.is_file() and json.loads(keyed.read_text()) != json.loads(json.dumps(pool_key(cfg)))
+
+
 def make_pool(cfg: dict, problems, path: Path) -> None:
-    """Write pool_file: every opponent of `ratings` answers each training problem once, sampled from its own model
-    (opponent_models: name -> checkpoint) with the policy's prompt and the trl temperature by the workbook's
-    opponent generation (evolve.build_pool, best of 1), pool_tokens new tokens. The main process writes it; the
-    others then read it."""
+    """Write pool_file and its key file (pool_key): every opponent of `ratings` answers each training problem once,
+    sampled from its own model (opponent_models: name -> checkpoint) with the policy's prompt and the trl
+    temperature by the workbook's opponent generation (evolve.build_pool, best of 1), pool_tokens new tokens. The
+    main process writes it; the others then read it."""
     from accelerate import PartialState
 
     e, d = cfg["elo-evolve"], cfg["data"]
@@ -115,7 +137,7 @@ def make_pool(cfg: dict, problems, path: Path) -> None:
         raise ValueError(f"elo-evolve.opponent_models must name each opponent's model to build pool_file {path} "
                          f"(missing: {', '.join(missing)})")
     with PartialState().main_process_first():
-        if path.is_file():
+        if path.is_file() and pool_key_file(path).is_file() and not pool_made_for_other(path, cfg):
             return
         pool = {}
         for name in e["ratings"]:
@@ -125,6 +147,7 @@ def make_pool(cfg: dict, problems, path: Path) -> None:
             del model
         if PartialState().is_main_process:
             files.write_json(path, pool)
+            files.write_json(pool_key_file(path), pool_key(cfg))
 
 
 def rlpr_pieces(cfg: dict, tok, model):

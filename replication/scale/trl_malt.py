@@ -17,16 +17,19 @@ from pathlib import Path
 from replication.core import config, files
 from replication.lm import models, tasks
 from replication.papers.malt import malt
+from . import configs
 
 SETTINGS = ("n_branch", "tokens", "temperature", "batch_size", "pooling", "max_sft", "max_pairs", "tree_model",
             "tree_file")
 
 
 def tree_key(cfg: dict) -> dict:
-    """What identifies the trees: the sampling model, the questions, the branching, the lengths, the role prompts."""
+    """What identifies the trees: the sampling model and its precision, the questions, the branching, the lengths,
+    the sampling batch (each batch draws from its own seed), the role prompts."""
     d, m = cfg["data"], cfg["malt"]
     return {"model": m["tree_model"] or cfg["model"], "level": d["level"], "n_train": d["n_train"], "shots": d["shots"],
             "n": m["n_branch"], "tokens": list(m["tokens"]), "temperature": m["temperature"], "seed": cfg["seed"],
+            "batch_size": m["batch_size"], "bf16": configs.bf16(cfg),
             "prompts": malt.prompt_key(tasks.worked_examples(d["level"], d["shots"], cfg["seed"]) if d["shots"] else ())}
 
 

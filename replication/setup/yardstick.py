@@ -90,9 +90,10 @@ def train_curve(model, tok, train, heldout, shots, cfg: grpo.GRPOConfig, steps: 
 def seed_run(key: dict, cfg: grpo.GRPOConfig, training_seed: int) -> tuple:
     """The GRPO config and run-folder key of one training seed: the seed replaces cfg.seed (the training problems
     drawn each step, the rollout sampling) and the key's seed. key: the run's settings with the notebook's seed, so
-    that seed's key is the one-run workbook's {**key, "grpo": str(cfg)} (its cached run is reused)."""
+    that seed's key is the one-run workbook's {**key, "grpo": str(cfg)} (its cached run is reused); the notebook's
+    seed, which drew the questions, stays in it as arms.data_key's data_seed."""
     run_cfg = dataclasses.replace(cfg, seed=training_seed)
-    return run_cfg, {**key, "seed": training_seed, "grpo": str(run_cfg)}
+    return run_cfg, {**key, **arms.data_key(key["seed"]), "seed": training_seed, "grpo": str(run_cfg)}
 
 
 def gain_table(base: dict, runs: list, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
