@@ -146,8 +146,9 @@ def data_digest() -> str:
 
 
 def stamp(stem: str, params: dict, folder: Path = NOTEBOOKS) -> str:
-    """Identity of one execution: the notebook, its parameters and the package."""
-    return files.digest((Path(folder) / f"{stem}.ipynb").read_bytes(), params, package_digest())
+    """Identity of one execution: the notebook, its parameters, the package and data/ (the papers' numbers the
+    verdicts read)."""
+    return files.digest((Path(folder) / f"{stem}.ipynb").read_bytes(), params, package_digest(), data_digest())
 
 
 def machine() -> str:

@@ -83,6 +83,14 @@ def test_parameter_change_re_executes(book):
     assert runner.run("default", only="01", folder=book, report=False, log=lambda *_: None) == {"01_first": "executed"}
 
 
+def test_data_change_re_executes(book, monkeypatch):
+    """An edited paper number in data/ changes the verdicts it is read into: the notebook is not current."""
+    runner.run("default", only="01", folder=book, report=False, log=lambda *_: None)
+    assert runner.run("default", only="01", folder=book, report=False, log=lambda *_: None) == {"01_first": "skipped"}
+    monkeypatch.setattr(runner, "data_digest", lambda: "an edited data/paper csv")
+    assert runner.run("default", only="01", folder=book, report=False, log=lambda *_: None) == {"01_first": "executed"}
+
+
 def test_failing_cell_names_notebook_cell_error_and_partial(book, runs, capsys):
     with pytest.raises(runner.RunError) as e:
         runner.run("smoke", folder=book, log=lambda *_: None)
