@@ -39,11 +39,6 @@ from replication.papers.malt import malt
 METHODS = ("elo-evolve", "rlpr", "mae", "malt")
 SECTIONS = ("model", "seed", "output_dir", "resume", "data", "lora", "trl")  # and the method's own
 TRAINERS = {"trl": "GRPOConfig", "sft": "SFTConfig", "dpo": "DPOConfig"}  # sections passed as is to TRL's configs
-
-
-def bf16(cfg: dict) -> bool:
-    """The models load in bf16 when any trainer section sets bf16 (train.load); else fp32."""
-    return any(cfg.get(s, {}).get("bf16") for s in TRAINERS)
 NOTEBOOKS = {method: stem for stem, (method, _) in config.PAPER_SCALE.items()}  # the notebook each method runs at scale
 LORA = {"r": 16, "alpha": 32}
 # MAE's own settings (mae.MAEConfig); its lr, LoRA rank, temperature and seed come from the trl, lora and top sections
@@ -65,6 +60,11 @@ DATA = {"elo-evolve": {"level": "1d-1step-add", "n_train": 64, "shots": 0},
         "mae": {"level": "1d-1step-add", "n_seed_questions": 64, "shots": 0},
         "malt": {"level": "1d-1step-add", "n_train": 64, "shots": 0}}
 TRL_DEFAULTS = {"mae": {"loss_type": "dapo", "beta": 0.0}}  # the token mean over every role's tokens, no KL
+
+
+def bf16(cfg: dict) -> bool:
+    """The models load in bf16 when any trainer section sets bf16 (train.load); else fp32."""
+    return any(cfg.get(s, {}).get("bf16") for s in TRAINERS)
 
 
 def override(cfg: dict, item: str) -> None:
