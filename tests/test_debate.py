@@ -209,6 +209,8 @@ def test_cached_protocol_goes_through_the_cache(monkeypatch):
     assert a is b and len(calls) == 1 and "seconds" in a and list(store)[0][0] == "debate-bo2"
     debate.cached_protocol(cache, None, None, items, "debate", **{**kw, "seed": 1})
     assert len(calls) == 2, "the seed is part of the key"
+    debate.cached_protocol(cache, None, None, items, "debate", **{**kw, "batch_size": 1})
+    assert len(calls) == 3, "the batch size is part of the key: each batch samples from its own seed"
     assert "preference" in list(store)[0][1] and "preference" not in debate.cached_protocol(
         lambda name, key, make: key, None, None, items, "debate", **{**kw, "best_of": 1}), "how best-of-N rates"
 

@@ -303,7 +303,8 @@ def cached_protocol(cache, model, tok, items, kind: str, *, model_name: str, rou
     holds the seconds it took to make."""
     digest = hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
     key = {"kind": kind, "ids": [it["id"] for it in items], "stories": digest, "rounds": rounds, "word_limit": word_limit,
-           "best_of": best_of, "temperature": temperature, "seed": seed, "model": model_name, "open_quote": open_quote,
+           "best_of": best_of, "temperature": temperature, "seed": seed, "batch_size": batch_size, "model": model_name,
+           "open_quote": open_quote,
            "candidates": "generate(repeats=best_of): one prefill per prompt; every candidate's score and orders kept"}
     if best_of > 1:  # how candidates are rated (best-of-1 transcripts do not depend on it)
         key["preference"] = {"score": "P(own answer), mean of both orders", "placeholder": PLACEHOLDER,
