@@ -194,6 +194,27 @@ def test_bad_config_names_the_parameter(tmp_path):
         configs.read_config("rlpr", path)
 
 
+def test_resume_refuses_a_run_started_with_other_settings(tmp_path, capsys):
+    """resume=true carries on only the run output_dir was started with: other settings are one line naming them,
+    before any model is built; a longer run (trl.max_steps) or other saving may resume; resume=false starts over."""
+    from replication.scale import configs, train
+
+    out = tmp_path / "run"
+    cfg = (config.ROOT / "configs" / "tiny" / "rlpr.yaml").read_text().replace("runs/scale/tiny-rlpr", str(out))
+    (tmp_path / "tiny.yaml").write_text(cfg)
+    args = ["rlpr", "--config", str(tmp_path / "tiny.yaml")]
+    started = configs.read_config("rlpr", tmp_path / "tiny.yaml")
+    train.start(started)  # what a first run records
+    assert train.changed_settings(out, started) == []
+    longer = configs.read_config("rlpr", tmp_path / "tiny.yaml", ["resume=true", "trl.max_steps=9"])
+    assert train.changed_settings(out, longer) == []
+    assert train.main(args + ["--set=resume=true", "--set=seed=1", "--set=lora.r=2"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "resume=true is not allowed" in err and "(lora.r, seed)" in err
+    assert train.changed_settings(tmp_path / "empty", started) == [], "nothing recorded: nothing to compare"
+    assert not (tmp_path / "empty").exists()
+
+
 @pytest.mark.parametrize("method", ["elo-evolve", "rlpr"])
 def test_paper_configs_hold_the_papers_settings(method, tmp_path):
     from replication.scale import configs

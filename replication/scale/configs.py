@@ -3,7 +3,9 @@ TRL section by its field's type, before anything is built or written (a bad valu
 
 A config (configs/paper/*.yaml, configs/tiny/*.yaml) has these sections, each checked by name:
   model (a known name, a local checkpoint folder, a hub id, or "tiny" for the tests' random model), seed, output_dir,
-  resume (true: carry on from the last checkpoint in output_dir, the reward's or filter's state included);
+  resume (true: carry on from the last checkpoint in output_dir, the reward's or filter's state included; refused,
+  in one line, when output_dir's run was started with other settings than trl's length, logging and saving ones:
+  train.RESUME_FREE, the run's settings recorded in output_dir/settings.json);
   data: the training prompts (elo-evolve: level, n_train, shots; rlpr: n_arithmetic, n_factual, level, shots);
   lora: r, alpha;
   trl: any field of trl.GRPOConfig (batch, num_generations, learning_rate, beta, max_completion_length, use_vllm,

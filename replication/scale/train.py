@@ -208,11 +208,57 @@ def adapter_digest(model) -> str:
     return h.hexdigest()
 
 
+# Settings a resumed run may change: how far it runs and what it logs and saves. (A larger trl.max_steps carries the
+# run on; with a decaying learning-rate schedule the remaining steps then follow the new length, as TRL resumes.)
+RESUME_FREE = ("resume", "trl.max_steps", "trl.num_train_epochs", "trl.save_steps", "trl.save_total_limit",
+               "trl.logging_steps", "trl.report_to")
+
+
+def settings_file(out: Path) -> Path:
+    """The settings a run in output_dir was started with (written by train; read when it resumes)."""
+    return Path(out) / "settings.json"
+
+
+def as_json(cfg: dict) -> dict:
+    """cfg as its settings file holds it (anything not JSON written as its text)."""
+    return json.loads(json.dumps(cfg, default=str))
+
+
+def changed_settings(out: Path, cfg: dict) -> list:
+    """The settings (section.key) in which cfg differs from those output_dir's run was started with, other than
+    RESUME_FREE; [] when output_dir records none (an empty folder, or a run from before the record was kept)."""
+    path = settings_file(out)
+    if not path.is_file():
+        return []
+
+    def flat(d, prefix=""):
+        return {k: v for key, val in d.items()
+                for k, v in (flat(val, f"{prefix}{key}.") if isinstance(val, dict) else {f"{prefix}{key}": val}).items()}
+
+    old, new = flat(files.read_json(path)), flat(as_json(cfg))
+    return sorted(k for k in old.keys() | new.keys() if k not in RESUME_FREE and old.get(k) != new.get(k))
+
+
+def start(cfg: dict) -> None:
+    """Before anything is built: with resume, refuse an output_dir whose run was started with other settings (one
+    line naming them); then record this run's settings there (the main process)."""
+    from accelerate import PartialState
+
+    out = Path(cfg["output_dir"])
+    changed = changed_settings(out, cfg) if cfg["resume"] else []
+    if changed:
+        raise ValueError(f"resume=true is not allowed here: {out} holds a run started with other settings "
+                         f"({', '.join(changed)}); give another output_dir, or resume=false to start it over")
+    if PartialState().is_main_process:
+        files.write_json(settings_file(out), as_json(cfg))
+
+
 def train(method: str, cfg: dict) -> dict:
     """Build, resume if asked, train, and write this process's rank<k>.json; returns that record. cfg: read_config's."""
     import torch.distributed as dist
     from transformers.trainer_utils import get_last_checkpoint
 
+    start(cfg)
     if method == "malt":
         from accelerate import PartialState
 
