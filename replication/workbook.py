@@ -165,6 +165,7 @@ def start(notebook: str, namespace: dict = None, *, profile: str = None, seed: i
     global _current
     console.quiet_warnings()
     phases.reset()   # the phase profile counts this notebook only
+    phases.new_execution()
     cfg = None
     if namespace is not None:
         if not config.by_runner():

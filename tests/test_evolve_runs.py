@@ -69,6 +69,7 @@ def test_arm_runs_side_by_side_equal_the_runs_made_here_at_one_thread(tmp_path):
     assert degraded[0] == twin[0] and degraded[1]["degraded"] and not twin[1]["degraded"]   # forked after step 1
     assert runs2[6]["folder"].done
     phases.reset()
+    phases.new_execution()                                # a later execution of the notebook
     again, _ = _train(tmp_path, "two", 2, setup)          # all finished and judged: nothing for a worker to do
     assert _plain(again) == _plain(side) and phases.reused_profile()["entries"] == 2 * len(side)   # run and judging
     with pytest.raises(ValueError, match="workers=0"):

@@ -287,6 +287,7 @@ def test_arm_runs_side_by_side_equal_the_runs_made_here_at_one_thread(tmp_path):
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     again, tok_again = models.load_model(str(tmp_path / "ckpt"))
     phases.reset()
+    phases.new_execution()   # a later execution of the notebook
     mae_runs.run_arms(again, tok_again, str(tmp_path / "ckpt"), runs(tmp_path / "two"), workers=2)   # a rerun: all cached
     assert phases.reused_profile()["entries"] == 3
     with pytest.raises(ValueError, match="workers=0"):

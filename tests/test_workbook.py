@@ -1,3 +1,4 @@
+import copy
 import json
 import time
 from dataclasses import dataclass
@@ -158,7 +159,7 @@ def test_grpo_steps_fill_the_training_phases(tiny):
     from replication.lm import grpo, models
 
     model, tok = tiny
-    model = models.add_lora(model, r=4, alpha=8)
+    model = models.add_lora(copy.deepcopy(model), r=4, alpha=8)   # the shared fixture stays without adapters
     def slow_reward(prompts, completions, metadata, **kw):
         time.sleep(0.02)
         return [float(len(c)) for c in completions]
@@ -174,8 +175,8 @@ def test_grpo_steps_fill_the_training_phases(tiny):
 
 def test_a_resumed_notebook_tallies_what_its_cached_results_took_when_made(tmp_path):
     """A cache hit counts its recorded making time once; an entry made before times were kept counts as untimed;
-    a training run resumed past k steps counts those steps' seconds, and copied steps (a fork) are not counted
-    again."""
+    a training run resumed past k steps counts those steps' seconds, unless this execution trained them (a run it
+    continues), and copied steps (a fork) are not counted again."""
     from replication.core import cache, phases
     from replication.lm import loop
 
@@ -192,8 +193,17 @@ def test_a_resumed_notebook_tallies_what_its_cached_results_took_when_made(tmp_p
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     folder = loop.RunFolder(tmp_path / "run")
     step = lambda i, state: {"wall_s": 2.0 + i}
-    loop.run(step, 3, model, opt, folder, save_every=1, progress=False)
     phases.reset()
+    phases.new_execution()
+    loop.run(step, 3, model, opt, folder, save_every=1, progress=False)
+    loop.run(step, 3, model, opt, folder, save_every=1, progress=False)          # this execution made it: no reuse
+    assert phases.reused_profile()["entries"] == 0
+    continued = loop.RunFolder(tmp_path / "continued")                            # a sweep's run that the pick goes on with
+    loop.run(step, 2, model, opt, continued, save_every=1, progress=False)
+    loop.run(step, 4, model, opt, continued, save_every=1, progress=False)
+    assert phases.reused_profile()["entries"] == 0 and len(continued.rows()) == 4
+    phases.reset()
+    phases.new_execution()                                                         # a later execution
     loop.run(step, 3, model, opt, folder, save_every=1, progress=False)          # finished: 2 + 3 + 4 s reused
     assert phases.reused_profile() == {"entries": 1, "seconds": 9.0, "untimed": 0}
     phases.reset()

@@ -149,12 +149,12 @@ def test_runs_side_by_side_equal_the_runs_made_here_at_one_thread(tmp_path):
         seeds_here = yardstick.train_runs(ckpt, 4, runs(tmp_path / "one", 3, [(1e-2, 0), (1e-2, 1)]))
     finally:
         torch.set_num_threads(before)
-    # the pick's first seed restores the sweep's steps: one reuse, as the loop counts a continued run's earlier steps
-    assert phases.reused_profile()["entries"] == 1
+    # the pick's first seed continues the sweep's run, whose steps this execution trained: no reuse
+    assert phases.reused_profile()["entries"] == 0
     phases.reset()
     sweep_there = yardstick.train_runs(ckpt, 4, runs(tmp_path / "two", 2, [(1e-3, 0), (1e-2, 0)]), workers=2)
     seeds_there = yardstick.train_runs(ckpt, 4, runs(tmp_path / "two", 3, [(1e-2, 0), (1e-2, 1)]), workers=2)
-    assert phases.reused_profile()["entries"] == 1       # the same, in the worker; reading back adds no reuse
+    assert phases.reused_profile()["entries"] == 0       # the same in the workers (they share the execution's token)
     for a, b in zip(sweep_here + seeds_here, sweep_there + seeds_there):
         assert untimed(a) == untimed(b)
     assert [len(r) for r in sweep_there + seeds_there] == [2, 2, 3, 3]
@@ -170,6 +170,7 @@ def test_runs_side_by_side_equal_the_runs_made_here_at_one_thread(tmp_path):
     s0, s1 = (torch.load(weights(tmp_path / "two", n), weights_only=False)["weights"] for n in ("lr0.01-s0", "lr0.01-s1"))
     assert not all(torch.equal(s0[k], s1[k]) for k in s0)            # each seed its own LoRA start
     phases.reset()
+    phases.new_execution()   # a later execution of the notebook
     yardstick.train_runs(ckpt, 4, runs(tmp_path / "two", 3, [(1e-2, 0), (1e-2, 1)]), workers=2)   # finished: read only
     assert phases.reused_profile()["entries"] == 2
     with pytest.raises(ValueError, match="workers=0"):

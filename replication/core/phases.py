@@ -10,6 +10,8 @@ they were made (recorded with the cache entry or in a training run's log) is tal
 so that a notebook resumed from its cache says how much of its work this execution did not redo.
 """
 import functools
+import os
+import secrets
 import time
 from contextlib import contextmanager
 
@@ -51,6 +53,22 @@ def timed(name: str):
                 return fn(*args, **kwargs)
         return inner
     return wrap
+
+
+EXECUTION = "REPLICATION_EXECUTION"   # environment variable: the execution's token, inherited by its workers
+
+
+def new_execution() -> str:
+    """Start a new execution (workbook.start): a fresh token, which the worker processes it spawns inherit."""
+    os.environ[EXECUTION] = secrets.token_hex(8)
+    return os.environ[EXECUTION]
+
+
+def execution() -> str:
+    """This execution's token (new_execution's, or one made for this process and its workers where none was set): a
+    training run records under it the steps it trained, so that continuing it later in the same execution is not
+    counted as reuse (loop.run)."""
+    return os.environ.setdefault(EXECUTION, secrets.token_hex(8))
 
 
 def reset() -> None:

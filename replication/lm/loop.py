@@ -5,7 +5,8 @@ Every trainer of the workbook (GRPO, RLPR's filtered GRPO, Elo-Evolve, MAE) is a
 loop's own state), logs one row per step, checkpoints every `save_every` steps and after the last one,
 marks the run done, and on a finished run loads its final weights and returns what it logged. Each logged row
 has the step's wall seconds (`wall_s`, the step function's own where it reports one); the steps a run resumes past
-count, with those seconds, to the notebook's reused tally (core.phases.reused).
+count, with those seconds, to the notebook's reused tally (core.phases.reused), unless this execution trained them
+(made.json: a sweep's run that a later call of the same execution continues).
 """
 import json
 import random
@@ -66,6 +67,21 @@ class RunFolder:
         """How many steps at the start of the log were copied from another run (mark_copied); 0 if none."""
         path = self.path / "copied.json"
         return int(files.read_json(path)["steps"]) if path.is_file() else 0
+
+    def mark_made(self, start: int, stop: int) -> None:
+        """Record that steps start..stop - 1 were trained by this execution (phases.execution), joined with the
+        steps it trained here before."""
+        path, token = self.path / "made.json", phases.execution()
+        made = files.read_json(path) if path.is_file() else {}
+        lo, hi = made.get(token, (start, stop))
+        made[token] = [min(lo, start), max(hi, stop)]
+        files.write_json(path, made)
+
+    def made_here(self) -> range:
+        """The steps this execution trained in this run (mark_made); empty if none."""
+        path = self.path / "made.json"
+        lo, hi = (files.read_json(path) if path.is_file() else {}).get(phases.execution(), (0, 0))
+        return range(lo, hi)
 
     def log(self, row: dict) -> None:
         with self.log_path.open("a") as f:
@@ -142,8 +158,9 @@ def run(step_fn, num_steps: int, model, optimizer, folder: RunFolder = None, sta
         state.update(restored["extra"] or {})
         rows = folder.rows()
         copied = folder.copied()
-        if start > copied:   # steps trained by an earlier execution: their time was spent then
-            spent = [r.get("wall_s") for r in rows if copied <= r["step"] < start]
+        here = folder.made_here()   # a run this execution trained before and now continues: not reuse
+        spent = [r.get("wall_s") for r in rows if copied <= r["step"] < start and r["step"] not in here]
+        if spent:   # steps trained by an earlier execution: their time was spent then
             phases.reused(None if None in spent else sum(spent))
         if folder.done and start >= num_steps:
             if start > num_steps:   # a later call continued this run: hand back its first num_steps steps
@@ -167,5 +184,7 @@ def run(step_fn, num_steps: int, model, optimizer, folder: RunFolder = None, sta
             if (save_every and (step + 1) % save_every == 0) or step + 1 == num_steps:
                 folder.save(step + 1, model, optimizer, extra=state, keep=keep)
     if folder is not None:
+        if num_steps > start:
+            folder.mark_made(start, num_steps)
         folder.mark_done({"steps": num_steps, **(summary or {})})
     return rows, state

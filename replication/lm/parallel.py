@@ -64,6 +64,7 @@ def run_jobs(fn, jobs, workers: int = 1, progress: str = None) -> list:
         bar.close()
         return out
     one_thread = config.environ({k: "1" for k in config.THREAD_VARIABLES})  # read when torch loads in a worker
+    phases.execution()   # set before the spawn: the workers inherit this execution's token (loop.run reads it)
     spawn = multiprocessing.get_context("spawn")
     t0 = time.perf_counter()
     with one_thread, ProcessPoolExecutor(min(workers, len(jobs)), mp_context=spawn, initializer=_init,
