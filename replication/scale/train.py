@@ -241,15 +241,16 @@ def changed_settings(out: Path, cfg: dict) -> list:
 
 def start(cfg: dict) -> None:
     """Before anything is built: with resume, refuse an output_dir whose run was started with other settings (one
-    line naming them); then record this run's settings there (the main process)."""
-    from accelerate import PartialState
+    line naming them); then record this run's settings there (the main process, RANK 0 under `accelerate launch`: the
+    distributed state is left for the trainer to set up)."""
+    import os
 
     out = Path(cfg["output_dir"])
     changed = changed_settings(out, cfg) if cfg["resume"] else []
     if changed:
         raise ValueError(f"resume=true is not allowed here: {out} holds a run started with other settings "
                          f"({', '.join(changed)}); give another output_dir, or resume=false to start it over")
-    if PartialState().is_main_process:
+    if int(os.environ.get("RANK", "0")) == 0:
         files.write_json(settings_file(out), as_json(cfg))
 
 
