@@ -6,6 +6,7 @@ across processes)."""
 import argparse
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -231,9 +232,11 @@ def changed_settings(out: Path, cfg: dict) -> list:
     if not path.is_file():
         return []
 
-    def flat(d, prefix=""):
-        return {k: v for key, val in d.items()
-                for k, v in (flat(val, f"{prefix}{key}.") if isinstance(val, dict) else {f"{prefix}{key}": val}).items()}
+    def flat(d, prefix=""):   # {"trl": {"beta": 0}} -> {"trl.beta": 0}
+        out = {}
+        for key, val in d.items():
+            out.update(flat(val, f"{prefix}{key}.") if isinstance(val, dict) else {f"{prefix}{key}": val})
+        return out
 
     old, new = flat(files.read_json(path)), flat(as_json(cfg))
     return sorted(k for k in old.keys() | new.keys() if k not in RESUME_FREE and old.get(k) != new.get(k))
@@ -243,8 +246,6 @@ def start(cfg: dict) -> None:
     """Before anything is built: with resume, refuse an output_dir whose run was started with other settings (one
     line naming them); then record this run's settings there (the main process, RANK 0 under `accelerate launch`: the
     distributed state is left for the trainer to set up)."""
-    import os
-
     out = Path(cfg["output_dir"])
     changed = changed_settings(out, cfg) if cfg["resume"] else []
     if changed:
