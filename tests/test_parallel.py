@@ -139,3 +139,64 @@ def test_made_then_read_makes_the_missing_pieces_in_workers_and_reads_every_piec
     assert not cache.intact(folder, "square", {"i": 8}) and cache.intact(folder, "square", {"i": 7})
     (cache.path_for(folder, "square", {"i": 7}) / "value.json").write_text("0")
     assert not cache.intact(folder, "square", {"i": 7})             # a changed value no longer matches its checksum
+
+
+def linger(folder: str, i: int) -> int:
+    """Writes this worker's pid into `folder`, then sleeps far longer than the test waits (a job still running when
+    its parent dies)."""
+    import os
+    from pathlib import Path
+
+    (Path(folder) / f"worker-{i}.pid").write_text(str(os.getpid()))
+    time.sleep(600)
+    return i
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"   # a zombie waits for its reaper only
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")
+def test_workers_end_when_their_parent_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = str(Path(__file__).parent)
+    parent = subprocess.Popen([sys.executable, "-c", (
+        f"import sys; sys.path.insert(0, {here!r})\n"
+        "from test_parallel import linger\n"
+        "from replication.lm import parallel\n"
+        f"parallel.run_jobs(linger, [{{'folder': {str(tmp_path)!r}, 'i': 0}}, {{'folder': {str(tmp_path)!r}, 'i': 1}}], workers=2)\n")])
+    try:
+        deadline = time.time() + 120
+        while len(list(tmp_path.glob("worker-*.pid"))) < 2:
+            assert parent.poll() is None, "the parent ended before its workers started"
+            assert time.time() < deadline, "the workers did not start within 120 s"
+            time.sleep(0.2)
+        workers = [int(p.read_text()) for p in tmp_path.glob("worker-*.pid")]
+        assert all(_alive(w) for w in workers)                        # busy in their jobs
+    finally:
+        parent.send_signal(signal.SIGKILL)                            # the kernel killed, as by a timeout
+        parent.wait()
+    deadline = time.time() + 15
+    while any(_alive(w) for w in workers) and time.time() < deadline:
+        time.sleep(0.2)
+    left = [w for w in workers if _alive(w)]
+    for w in left:                                                    # leave no orphan even when the check fails
+        os.kill(w, signal.SIGKILL)
+    assert not left, f"workers {left} outlived their killed parent"

@@ -12,7 +12,8 @@ not depend on which worker ran it: the same as a run of the same job in one proc
 be a module-level function and the jobs' values picklable; a cached or resumable job (run.cached, run.run_folder)
 writes its cache from the worker, so an interrupted parallel run resumes like a sequential one. The workers' phase
 profiles come back with their results and are counted here (phases.absorb), so the notebook's profile still covers
-the work.
+the work. A worker whose parent process is gone (the notebook's kernel killed, a timeout) ends within about a second
+instead of running its job on (`_exit_with_parent`); its cache is written atomically, so nothing half-made is kept.
 
 `made_then_read` is the pattern every notebook's side-by-side work follows: the pieces not yet made (not in the
 cache, run folder unfinished) are made in workers, then every piece is read back here in order, so later cells see
@@ -21,6 +22,8 @@ the same values and weights either way; a read-back of what a worker made in thi
 """
 import contextlib
 import multiprocessing
+import os
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -30,7 +33,18 @@ from replication.core import config, phases
 from replication.lm import models
 
 
-def _init(device: str) -> None:
+def _exit_with_parent(parent: int, every: float = 0.5) -> None:
+    """Ends this process once its parent `parent` (a pid) is gone: a daemon thread that polls the parent's pid (a
+    re-parented process reads another), since a worker busy in a job never reads the pool's closed pipes."""
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(1)
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def _init(device: str, parent: int) -> None:
+    _exit_with_parent(parent)
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -68,7 +82,7 @@ def run_jobs(fn, jobs, workers: int = 1, progress: str = None) -> list:
     spawn = multiprocessing.get_context("spawn")
     t0 = time.perf_counter()
     with one_thread, ProcessPoolExecutor(min(workers, len(jobs)), mp_context=spawn, initializer=_init,
-                                         initargs=(str(models.current_device()),)) as pool:
+                                         initargs=(str(models.current_device()), os.getpid())) as pool:
         futures = {pool.submit(_call, fn, job): i for i, job in enumerate(jobs)}
         done = {}
         for f in as_completed(futures):
