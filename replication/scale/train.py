@@ -233,10 +233,10 @@ def changed_settings(out: Path, cfg: dict) -> list:
         return []
 
     def flat(d, prefix=""):   # {"trl": {"beta": 0}} -> {"trl.beta": 0}
-        out = {}
+        keys = {}
         for key, val in d.items():
-            out.update(flat(val, f"{prefix}{key}.") if isinstance(val, dict) else {f"{prefix}{key}": val})
-        return out
+            keys.update(flat(val, f"{prefix}{key}.") if isinstance(val, dict) else {f"{prefix}{key}": val})
+        return keys
 
     old, new = flat(files.read_json(path)), flat(as_json(cfg))
     return sorted(k for k in old.keys() | new.keys() if k not in RESUME_FREE and old.get(k) != new.get(k))
