@@ -101,6 +101,17 @@ def test_loop_resumes_exactly_and_finished_runs_load_final_weights(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(weights(m1).values(), weights(m4).values()))
 
 
+def test_a_run_interrupted_before_its_first_checkpoint_logs_each_step_once(tmp_path):
+    m1, o1 = tiny()
+    rows1, _ = loop.run(step_fn(m1, o1), 3, m1, o1, loop.RunFolder(tmp_path / "a"), save_every=2, progress=False)
+    folder = loop.RunFolder(tmp_path / "b")
+    folder.log({"step": 0, "value": -1.0})   # an execution killed during step 1: step 0 logged, no checkpoint yet
+    m2, o2 = tiny()
+    rows2, _ = loop.run(step_fn(m2, o2), 3, m2, o2, folder, save_every=2, progress=False)
+    assert [r["step"] for r in rows2] == [r["step"] for r in folder.rows()] == [0, 1, 2]
+    assert [r["value"] for r in rows2] == [r["value"] for r in rows1]
+
+
 def test_a_run_asked_for_fewer_steps_than_it_was_continued_to_answers_as_before_the_continuation(tmp_path):
     m1, o1 = tiny()
     folder = loop.RunFolder(tmp_path / "c")

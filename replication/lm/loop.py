@@ -116,14 +116,15 @@ class RunFolder:
         return ckpts[-1] if ckpts else None
 
     def restore(self, model, optimizer) -> dict:
-        """Load the latest checkpoint into model and optimizer; truncate the log to it. Returns its state."""
+        """Load the latest checkpoint into model and optimizer; truncate the log to it (with no checkpoint yet, to
+        nothing: rows an interrupted first stretch logged are trained again). Returns its state."""
         path = self.latest()
-        if path is None:
-            return {"step": 0, "extra": {}}
-        state = load_weights(model, path)
-        optimizer.load_state_dict(state["optimizer"])
-        set_rng_state(state["rng"])
-        files.write_text(self.log_path, "".join(json.dumps(r) + "\n" for r in self.rows() if r["step"] < state["step"]))
+        state = {"step": 0, "extra": {}} if path is None else load_weights(model, path)
+        if path is not None:
+            optimizer.load_state_dict(state["optimizer"])
+            set_rng_state(state["rng"])
+        if self.log_path.is_file():
+            files.write_text(self.log_path, "".join(json.dumps(r) + "\n" for r in self.rows() if r["step"] < state["step"]))
         return state
 
 
