@@ -2,7 +2,7 @@
 import html
 from pathlib import Path
 
-from replication import forest
+from replication import forest, seeds
 from replication.core import files, phases, verdicts
 from replication.core.config import NOTEBOOKS, Paths, list_notebooks
 
@@ -45,7 +45,7 @@ def verdict_label(profile: str, name: str = None) -> str:
                                                             else "verdict (one-off overrides)")
 
 
-LEDGER_COLUMNS = ("notebook", "claim", "paper", "measured", "verdict", "evidence", "interval", "n", "why")
+LEDGER_COLUMNS = ("notebook", "claim", "paper", "measured", "verdict", "evidence", "interval", "n", "rerun", "why")
 
 
 SHORT = 90  # characters of a long cell shown in the ledger's table; the full text is one click away
@@ -66,6 +66,8 @@ def _cell(claim: dict, key: str) -> str:
     v = claim.get(key)
     if key == "verdict":
         return verdicts.label(claim)
+    if key == "rerun":   # not recorded: projected from the row's seeds (seeds.rerun)
+        v = seeds.rerun(claim)
     if v is None:
         return "-"
     if key == "interval":
@@ -100,6 +102,8 @@ def kept_rows(path: Path, stems, ran) -> dict:
         stem = cells[1] if section == "figures" and len(cells) > 1 else cells[0]
         if section == "times" and len(cells) == 3 + len(PHASE_COLUMNS):   # an index written before the reused column
             line = "| " + " | ".join([*cells[:3], "-", *cells[3:]]) + " |"
+        if section == "claims" and len(cells) == len(LEDGER_COLUMNS) - 1:   # written before the rerun column
+            line = "| " + " | ".join([*cells[:-1], "-", cells[-1]]) + " |"
         if stem in stems and stem not in ran:
             kept[section].setdefault(stem, []).append(line)
     return kept
@@ -120,9 +124,11 @@ def ledger_md(claims, profile: str) -> str:
            "Written by `python -m replication run`; the table in README.md shows these cells cut short.", ""]
     for i, c in enumerate(claims):
         out += [f'<a id="{claim_anchor(c, i)}"></a>', f"### {c['notebook'][:2]}. {c['claim']}", "",
-                *[f"- **{k}**: {_md_cell(_cell(c, k))}" for k in LEDGER_COLUMNS[2:]]]
+                *[f"- **{k}**: {_md_cell(_cell(c, k))}" for k in LEDGER_COLUMNS[2:] if k != "rerun"]]
         if c.get("seed_differences"):
             out.append("- **per seed**: " + ", ".join(f"{x:+.3f}" for x in c["seed_differences"]))
+        if seeds.rerun(c) is not None:
+            out.append("- **a rerun reads**: " + seeds.rerun(c, full=True))
         out.append("")
     return "\n".join(out)
 
@@ -169,7 +175,10 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
     lines = [f"# Figures ({where})", "", *([f"> **{note}**", ""] if note else []),
              f"Written by `python -m replication run --profile {profile}`; do not edit by hand.", "",
              *forest_lines, "## Claims ledger", "",
-             "Long cells are cut short; click a claim for its full entry ([ledger.md](ledger.md)).", "",
+             "Long cells are cut short; click a claim for its full entry ([ledger.md](ledger.md)). `rerun`: for a "
+             "comparison over seeds or draws, the chance of each verdict (R reproduced, I inconclusive, N not "
+             "reproduced) if it were run again with as many, its measured difference and seed spread taken as the "
+             "truth (a rough plan from so few seeds; `python -m replication seeds`).", "",
              "| " + " | ".join(head) + " |",
              "|" + "---|" * len(LEDGER_COLUMNS), *(rows["claims"] or ["| (no claims recorded yet) |" + " |" * (len(LEDGER_COLUMNS) - 1)]),
              "", "## Figures", "", "| figure | notebook | caption |", "|---|---|---|", *rows["figures"],

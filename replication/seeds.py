@@ -7,6 +7,7 @@ A ledger is read as `compare` reads one (a metrics file, a folder of them, or gi
 row's interval and per-seed differences but not its question part, and a width can fit two question parts
 (core.power.question_variances); a chance that differs between them is shown as a range.
 """
+import math
 import sys
 
 from replication.compare import load
@@ -40,6 +41,22 @@ def _chance(pair) -> str:
 def cell(plan: dict) -> str:
     """'R 0.66 I 0.34 N 0.00; same 0.55': each verdict's chance, and two runs' chance of the same verdict."""
     return " ".join(f"{SHORT[k]} {_chance(plan[k])}" for k in power.OUTCOMES) + f"; same {_chance(plan['same'])}"
+
+
+def rerun(claim: dict, sims: int = 2000, seed: int = 0, full: bool = False):
+    """A ledger row's chance of each verdict if it were run again with as many seeds (or draws), its measured
+    difference and seed spread taken as the truth (core.power.project): 'R 0.55 I 0.45' (the verdicts with a chance
+    of 0.005 or more), or with full=True every verdict in words and two runs' chance of agreeing. None for a row not
+    over two or more seeds or draws."""
+    n = len(claim.get("seed_differences") or [])
+    if n < 2 or claim.get("interval") is None or not all(math.isfinite(x) for x in claim["interval"]):
+        return None
+    plan = power.project(claim, (n,), sims=sims, seed=seed)["plans"][n]
+    if full:
+        return (", ".join(f"{k} {_chance(plan[k])}" for k in power.OUTCOMES) + f"; two such runs agree "
+                f"{_chance(plan['same'])} (with {n} seeds or draws; the measured difference and seed SD taken as the "
+                "truth: `python -m replication seeds`)")
+    return " ".join(f"{SHORT[k]} {_chance(plan[k])}" for k in power.OUTCOMES if plan[k][1] >= 0.005)
 
 
 def markdown(table, seeds, width: int = 70) -> str:

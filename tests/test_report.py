@@ -106,3 +106,35 @@ def test_long_cells_are_cut_with_the_full_text_one_click_away():
     full = report.ledger_md([row], "default")
     assert long.strip() in full and 'id="claim-03-0"' in full
     assert "inconclusive (one run); failed health check: rlvr seed 1 (learned)" in full
+
+
+def test_ledger_rows_over_seeds_say_how_a_rerun_would_read():
+    """The rerun cell is the projection of `python -m replication seeds` at the row's own number of seeds: a row whose
+    seeds straddle the rule's edge reads two verdicts, one far from it one; a row of one run or without seeds '-'."""
+    from replication import seeds
+    from replication.core import power
+
+    edge = claim_row("edge", "reproduced", [0.010, 0.170], estimate=0.09, seed_differences=[0.045, 0.13, 0.095])
+    far = claim_row("far", "reproduced", [0.165, 0.318], estimate=0.242, seed_differences=[0.25, 0.225, 0.25])
+    single = claim_row("one", "inconclusive", [-0.05, 0.2], estimate=0.07, seed_differences=[0.07], qualifier="one run")
+    plan = power.project(edge, (3,))["plans"][3]
+    assert 0.2 < plan["inconclusive"][0] and 0.2 < plan["reproduced"][0]
+    assert report._cell(edge, "rerun") == seeds.rerun(edge) and report._cell(edge, "rerun").startswith("R 0.")
+    assert " I 0." in report._cell(edge, "rerun") and " N " not in report._cell(edge, "rerun")
+    assert report._cell(far, "rerun") == "R 1.00"
+    assert report._cell(single, "rerun") == "-" and report._cell(claim_row("x", "reproduced", None), "rerun") == "-"
+    full = report.ledger_md([edge, single], "default")
+    assert full.count("- **a rerun reads**: reproduced 0.") == 1 and "two such runs agree 0." in full
+    assert "- **rerun**" not in full
+    page = report.ledger_html([edge])
+    assert "<th>rerun</th>" in page and f"<td>{seeds.rerun(edge)}</td>" in page
+
+
+def test_an_index_written_before_the_rerun_column_keeps_its_rows_aligned(tmp_path):
+    old = tmp_path / "README.md"
+    old.write_text("| notebook | claim | paper | measured | verdict | evidence | interval | n | why |\n|---|---|---|---|---|---|---|---|---|\n"
+                   "| 04_y | c | p | m | reproduced | real model | [+0.1, +0.2] | 3 seeds x 200 questions | w |\n")
+    kept = report.kept_rows(old, ["04_y"], ran={})
+    cells = [c.strip() for c in kept["claims"]["04_y"][0].strip().strip("|").split(" | ")]
+    assert len(cells) == len(report.LEDGER_COLUMNS) and cells[report.LEDGER_COLUMNS.index("rerun")] == "-"
+    assert cells[-1] == "w"

@@ -119,8 +119,9 @@ class RunFolder:
         """Load the latest checkpoint into model and optimizer; truncate the log to it (with no checkpoint yet, to
         nothing: rows an interrupted first stretch logged are trained again). Returns its state."""
         path = self.latest()
-        state = {"step": 0, "extra": {}} if path is None else load_weights(model, path)
+        state = {"step": 0, "extra": {}}
         if path is not None:
+            state = load_weights(model, path)
             optimizer.load_state_dict(state["optimizer"])
             set_rng_state(state["rng"])
         if self.log_path.is_file():
