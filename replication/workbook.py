@@ -14,7 +14,7 @@ from . import __version__
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes)
 
 VERDICTS = verdicts.VERDICTS
-CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict", "evidence", "interval", "n", "why"]
+CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict", "evidence", "interval", "n", "rerun", "why"]
 _current = None
 
 
@@ -118,11 +118,15 @@ class Run:
         return row
 
     def claims_table(self):
-        """The ledger as a DataFrame, for the notebook's closing table."""
+        """The ledger as a DataFrame, for the notebook's closing table; `rerun`, as in the index's ledger: for a
+        comparison over seeds or draws, the chance of each verdict if it were run again with as many (seeds.rerun)."""
         import pandas as pd
+
+        from replication import seeds
 
         table = pd.DataFrame(self.claims, columns=CLAIM_COLUMNS + ["qualifier", "health"])
         table["verdict"] = [verdicts.label(c) for c in self.claims]
+        table["rerun"] = [seeds.rerun(c) or "-" for c in self.claims]
         return table[CLAIM_COLUMNS]
 
     def finish(self) -> Path:

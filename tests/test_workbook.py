@@ -9,7 +9,7 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
-from replication import workbook
+from replication import seeds, workbook
 from replication.core import config, files, params, stats
 from replication.core.figures import savefig
 from replication.lm import models
@@ -35,6 +35,9 @@ def test_run_record_and_figures(runs):
               seed_differences=[0.1, 0.12, 0.15], question_variance=0.000123456789)
     run.claim("e", "1", "2", "real model", "why", interval=stats.Interval(0.05, 0.2, 0.0004), n="3 seeds x 200 questions",
               seed_differences=[0.1, 0.12, 0.15])   # a two-level interval carries its question part
+    table = run.claims_table()
+    assert list(table.columns) == workbook.CLAIM_COLUMNS   # one run: '-'; over seeds: the ledger's projection
+    assert list(table["rerun"]) == ["-", *(seeds.rerun(c) for c in run.claims[1:])] and table["rerun"][1].startswith("R 0.9")
     record = json.loads(run.finish().read_text())
     assert not (runs / "smoke").exists()
     assert record["seed"] == 3 and len(record["claims"]) == 3 and record["claims"][0]["measured"] == "3"
