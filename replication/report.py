@@ -127,8 +127,8 @@ def ledger_md(claims, profile: str) -> str:
                 *[f"- **{k}**: {_md_cell(_cell(c, k))}" for k in LEDGER_COLUMNS[2:] if k != "rerun"]]
         if c.get("seed_differences"):
             out.append("- **per seed**: " + ", ".join(f"{x:+.3f}" for x in c["seed_differences"]))
-        if seeds.rerun(c) is not None:
-            out.append("- **a rerun reads**: " + seeds.rerun(c, full=True))
+        if (rerun := seeds.rerun(c, full=True)) is not None:
+            out.append("- **a rerun reads**: " + rerun)
         out.append("")
     return "\n".join(out)
 
