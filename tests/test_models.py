@@ -189,6 +189,24 @@ def test_local_checkpoint_folder_loads(tmp_path, tiny):
     assert tok2.padding_side == "left"
 
 
+def test_load_model_makes_one_warm_up_pass_and_keeps_the_random_state(tmp_path, tiny, monkeypatch):
+    """A process's first forward pass may round differently from later ones (models.warm_up): every loaded model
+    makes one pass before it is returned, drawing nothing from the random state."""
+    model, tok = tiny
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    passes, real = [], models.warm_up
+    monkeypatch.setattr(models, "warm_up", lambda m, t: (passes.append(m), real(m, t)))
+    torch.manual_seed(3)
+    before = torch.random.get_rng_state()
+    loaded, _ = models.load_model(str(tmp_path))
+    assert passes == [loaded] and torch.equal(torch.random.get_rng_state(), before)
+    calls = []
+    loaded.register_forward_hook(lambda *a: calls.append(1))
+    real(loaded, tok)
+    assert calls == [1] and torch.equal(torch.random.get_rng_state(), before)
+
+
 @pytest.mark.slow
 def test_real_model_loads_from_cache_and_answers():
     model, tok = models.load_model("smollm2-135m-instruct")

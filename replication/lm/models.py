@@ -182,7 +182,20 @@ def load_model(name_or_path: str = "smollm2-135m-instruct", dtype=torch.float32)
     if _device.type != "cpu":
         model.to(_device)
     model.eval()
-    return model, prepare_tokenizer(tok)
+    tok = prepare_tokenizer(tok)
+    warm_up(model, tok)
+    return model, tok
+
+
+def warm_up(model, tok) -> None:
+    """One short forward pass, its result dropped and the random state kept: on this CPU a process's first forward
+    pass now and then rounds differently from every later one (measured 2026-11-29: 6 of 23 fresh processes encoding
+    05's first prompts, two threads; 0 of 54 after one pass of any model in the process, whatever its dtype; a
+    first-use effect below torch, not traced), which made two runs of one config sample different replies (README,
+    Determinism)."""
+    ids = tok("Warm up.", return_tensors="pt").input_ids.to(next(model.parameters()).device)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        model(input_ids=ids)
 
 
 def prepare_tokenizer(tok):
