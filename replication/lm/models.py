@@ -193,7 +193,7 @@ def warm_up(model, tok) -> None:
     05's first prompts, two threads; 0 of 54 after one pass of any model in the process, whatever its dtype; a
     first-use effect below torch, not traced), which made two runs of one config sample different replies (README,
     Determinism)."""
-    ids = tok("Warm up.", return_tensors="pt").input_ids.to(next(model.parameters()).device)
+    ids = tok("Warm up.", return_tensors="pt").input_ids.to(device_of(model))
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         model(input_ids=ids)
 
