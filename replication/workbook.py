@@ -8,7 +8,7 @@ import platform
 import time
 from pathlib import Path
 
-from replication.core import cache, config, console, files, figures, params, phases, verdicts
+from replication.core import cache, config, console, files, figures, params, phases, store, verdicts
 from replication.lm import loop, models
 from . import __version__
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes)
@@ -138,12 +138,15 @@ class Run:
         import torch
 
         wall = time.perf_counter() - self.t0
+        counts = store.tally(self.cache)
+        for c in self.claims:
+            c["source"] = store.claim_source(c["evidence"], counts)
         record = {
             "notebook": self.notebook, "profile": self.profile, "seed": self.seed,
             "wall_time_s": round(wall, 2), "phases_s": phases.profile(wall), "reused_s": phases.reused_profile(),
             "package_version": __version__,
             "python": platform.python_version(), "torch": torch.__version__, "device": models.describe_device(),
-            "parameters": self._params_record(),
+            "parameters": self._params_record(), "results_store": counts,
             "figures": self.figures, "claims": self.claims,
             "metrics": self.metrics,
         }
@@ -189,6 +192,7 @@ def start(notebook: str, namespace: dict = None, *, profile: str = None, seed: i
                 why = "" if models.bf16_kernels() else " (no bf16 kernels here: bf16 would run several times slower)"
                 print(f"{name} = {value!r} -> {resolved!r} on {device or 'cpu'}{why}")
     run = Run(notebook, "default" if profile is None else profile, 0 if seed is None else seed, cfg)
+    store.activate(run.profile)   # the default profile reads the committed results store (core.store)
     config.set_seed(run.seed)
     figures.use_style()
     figures.attach(run)

@@ -41,3 +41,9 @@ def smoke_run(tmp_path_factory):
     """One smoke-profile run of every notebook (about 7 minutes), shared by the tests that need one:
     test_notebooks checks its outputs, test_determinism compares a second run with it."""
     return _run_all(tmp_path_factory.mktemp("smoke-first"))
+
+
+@pytest.fixture(autouse=True)
+def no_results_store(monkeypatch):
+    """No test reads the committed results store unless it points REPLICATION_STORE at one itself."""
+    monkeypatch.setenv("REPLICATION_STORE", "off")

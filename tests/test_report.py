@@ -137,4 +137,20 @@ def test_an_index_written_before_the_rerun_column_keeps_its_rows_aligned(tmp_pat
     kept = report.kept_rows(old, ["04_y"], ran={})
     cells = [c.strip() for c in kept["claims"]["04_y"][0].strip().strip("|").split(" | ")]
     assert len(cells) == len(report.LEDGER_COLUMNS) and cells[report.LEDGER_COLUMNS.index("rerun")] == "-"
-    assert cells[-1] == "w"
+    assert cells[report.LEDGER_COLUMNS.index("why")] == "w" and cells[-1] == "-"   # no source recorded then
+
+
+def test_an_index_written_before_the_source_column_keeps_its_rows_aligned(tmp_path):
+    old = tmp_path / "README.md"
+    old.write_text("| notebook | claim | paper | measured | verdict | evidence | interval | n | rerun | why |\n"
+                   "|---|---|---|---|---|---|---|---|---|---|\n"
+                   "| 04_y | c | p | m | reproduced | real model | [+0.1, +0.2] | 3 seeds | R 0.9 | w |\n")
+    cells = [c.strip() for c in report.kept_rows(old, ["04_y"], ran={})["claims"]["04_y"][0].strip().strip("|").split(" | ")]
+    assert len(cells) == len(report.LEDGER_COLUMNS) and cells[-2:] == ["w", "-"]
+
+
+def test_the_source_of_each_claim_and_notebook_is_shown():
+    rec = {"results_store": {"from_store": 12, "made_now": 0, "store": {"commit": "abc1234", "date": "2026-12-02"}}}
+    assert report.source_note(rec) == "12 from the store (abc1234, 2026-12-02); 0 made now"
+    assert report.source_note({}) == "-"
+    assert report._cell({"source": "results store"}, "source") == "results store"

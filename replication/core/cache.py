@@ -3,14 +3,16 @@
 `cached(folder, name, key, make)` returns make()'s value, stored under folder/<name>-<hash of key>.
 A stored value is used only if its key matches and its checksum holds; a missing, stale or corrupt
 entry is rebuilt and one line says why. Values: JSON-able data, a pandas DataFrame (stored as JSON
-records), or anything torch.save can write (tensors, state dicts), chosen by what make() returns.
+records), or tensors in plain containers (state dicts: torch.save, read back with weights_only=True), chosen by what
+make() returns. Where the results store is active (core.store), an entry the folder lacks is first copied from it;
+one that came from the store without its tensors reads them as store.Withheld.
 """
 import hashlib
 import json
 import time
 from pathlib import Path
 
-from . import files, phases
+from . import files, phases, store as results
 
 
 def _plain(x):
@@ -39,7 +41,15 @@ def load(path: Path, key):
 
 def _check(path: Path, key):
     """(status, meta, data) of the entry at path: status 'ok' when it is intact and made for key (meta and data
-    None otherwise); nothing is decoded."""
+    None otherwise); nothing is decoded. An entry not intact here is copied from the results store where it has
+    one (core.store.fetch_value)."""
+    status, meta, data = _check_here(path, key)
+    if status != "ok" and results.active() is not None and results.fetch_value(path, key):
+        status, meta, data = _check_here(path, key)
+    return status, meta, data
+
+
+def _check_here(path: Path, key):
     meta_path = path / "meta.json"
     if not meta_path.is_file():
         return "missing", None, None
@@ -52,6 +62,8 @@ def _check(path: Path, key):
         return "made for a different key", None, None
     if meta.get("sha256") != _sha(data):
         return "contents do not match their checksum", None, None
+    if meta.get("store") and results.active() is None:
+        return "copied from the results store, which this run does not read (--retrain)", None, None
     return "ok", meta, data
 
 
@@ -71,8 +83,10 @@ def _load(path: Path, key):
 
         import torch
 
-        return torch.load(io.BytesIO(data), weights_only=False), "ok", meta
+        return torch.load(io.BytesIO(data), weights_only=True), "ok", meta
     value = json.loads(data)
+    if meta["kind"] == "withheld":
+        return results.revive(value, f"cache entry {path.name}"), "ok", meta
     if meta["kind"] == "frame":
         import pandas as pd
 
@@ -102,7 +116,7 @@ def store(path: Path, key, value, seconds: float = None) -> str:
     path.mkdir(parents=True, exist_ok=True)
     (path / "meta.json").unlink(missing_ok=True)
     files.write_bytes(path / name, data)
-    meta = {"key": key, "kind": kind, "file": name, "sha256": _sha(data)}
+    meta = {"key": key, "kind": kind, "file": name, "sha256": _sha(data), "execution": phases.execution()}
     if seconds is not None:
         meta["seconds"] = round(float(seconds), 2)
     files.write_json(path / "meta.json", meta)
@@ -121,6 +135,9 @@ def cached(folder, name: str, key, make, log=print):
         log(f"cache {name}: rebuilt ({status})")
     t0 = time.perf_counter()
     value = make()
-    if store(path, key, value, seconds=time.perf_counter() - t0) == "json":  # hand back exactly what a later load returns (tuples as lists...)
+    kind = store(path, key, value, seconds=time.perf_counter() - t0)
+    if results.remaking(path):   # `store verify --remake`: this entry was the one to make
+        raise results.Remade(f"{path.name} re-made")
+    if kind == "json":  # hand back exactly what a later load returns (tuples as lists...)
         value = json.loads(json.dumps(value, default=_plain))
     return value

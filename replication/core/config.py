@@ -167,3 +167,22 @@ def check_range(name: str, value, low: float, high: float) -> None:
     """Raise a ValueError naming the parameter unless low <= value <= high."""
     if not isinstance(value, (int, float, np.floating)) or not (low <= value <= high):
         raise ValueError(f"{name}={value!r} is not allowed; it must be a number in [{low}, {high}]")
+
+
+BF16_FLAGS = ("amx_bf16", "avx512_bf16", "avx_vnni")
+
+
+def cpu_bf16(cpuinfo: str = None) -> str:
+    """The CPU's bf16 instruction sets (from /proc/cpuinfo's flags: amx_bf16, avx512_bf16, avx_vnni), e.g.
+    'amx_bf16 avx512_bf16', or 'none'; 'unknown' where the flags cannot be read. bf16 matmuls round differently on
+    each (an AMX machine and an AVX-512 BF16 machine sample different replies from the same seed)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "unknown"
+    line = next((x for x in cpuinfo.splitlines() if x.startswith("flags")), None)
+    if line is None:
+        return "unknown"
+    flags = set(line.split(":", 1)[-1].split())
+    return " ".join(f for f in BF16_FLAGS if f in flags) or "none"

@@ -3,7 +3,9 @@
 Every trainer of the workbook (GRPO, RLPR's filtered GRPO, Elo-Evolve, MAE) is a step function on
 `run(...)`: the loop alone restores the latest checkpoint (trainable weights, optimizer, RNG states and the
 loop's own state), logs one row per step, checkpoints every `save_every` steps and after the last one,
-marks the run done, and on a finished run loads its final weights and returns what it logged. Each logged row
+marks the run done, and on a finished run loads its final weights and returns what it logged. A finished run copied
+from the results store (core.store.fetch_run) has its log and loop states but no weights: it returns them and leaves
+the model marked as lacking them (models.withhold), so a computation that would need them stops with one line. Each logged row
 has the step's wall seconds (`wall_s`, the step function's own where it reports one); the steps a run resumes past
 count, with those seconds, to the notebook's reused tally (core.phases.reused), unless this execution trained them
 (made.json: a sweep's run that a later call of the same execution continues).
@@ -17,7 +19,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from replication.core import config, files, phases
+from replication.core import config, files, phases, store
+
+from . import models
 
 
 def trainable(model) -> dict:
@@ -49,11 +53,31 @@ class RunFolder:
         folder = cls(Path(base) / f"{name}-{files.digest(key)}")
         if not (folder.path / "config.json").is_file():
             files.write_json(folder.path / "config.json", key)
+        if store.active() is not None and not folder.done:
+            store.fetch_run(folder.path, key)
+        elif store.active() is None and folder.from_store:   # --retrain: a run copied from the store trains anew
+            for name in (store.FETCHED, "done.json", "metrics.jsonl", "copied.json"):
+                (folder.path / name).unlink(missing_ok=True)
         return folder
 
     @property
     def done(self) -> bool:
         return (self.path / "done.json").is_file()
+
+    @property
+    def from_store(self) -> bool:
+        """A finished run copied from the results store: its log and loop states, no checkpoint."""
+        return (self.path / store.FETCHED).is_file() and self.latest() is None
+
+    def stored_states(self) -> dict:
+        """{str(step): the loop state after it} for each checkpoint the run kept where it was made, as the results
+        store holds them ({} for a run not read from the store)."""
+        path = self.path / store.FETCHED
+        return files.read_json(path).get("states", {}) if path.is_file() else {}
+
+    def stored_state(self, step: int):
+        """The loop state after `step` steps as the store kept it (None where it kept none)."""
+        return self.stored_states().get(str(step))
 
     def mark_done(self, summary: dict) -> None:
         files.write_json(self.path / "done.json", summary)
@@ -129,10 +153,28 @@ class RunFolder:
         return state
 
 
+def _stored(folder: RunFolder, num_steps: int, model, state: dict):
+    """run's answer for a finished run copied from the results store: its first num_steps rows and the loop state
+    the store kept after them; the model is left marked as lacking the run's weights (models.withhold)."""
+    rows = [r for r in folder.rows() if r["step"] < num_steps]
+    if len(rows) < num_steps:
+        raise store.StoreError(f"training run {folder.path.name} in the results store has {len(rows)} steps, "
+                               f"{num_steps} were asked for: rerun with --retrain")
+    kept = folder.stored_state(num_steps)
+    if kept is not None:
+        state.clear()
+        state.update(kept)
+    spent = [r.get("wall_s") for r in rows]
+    phases.reused(None if None in spent else sum(spent))
+    models.withhold(model, store.missing_weights(f"training run {folder.path.name}"))
+    return rows, state
+
+
 @torch.no_grad()
 def load_weights(model, path) -> dict:
     """Put a checkpoint's trainable weights into the model (nothing else of the run is restored); its whole state."""
-    state = torch.load(path, weights_only=False)
+    models.release(model)
+    state = torch.load(path, weights_only=False)   # this machine's own checkpoint (RNG states: numpy arrays)
     params = trainable(model)
     for n, w in state["weights"].items():
         params[n].copy_(w)
@@ -154,6 +196,9 @@ def run(step_fn, num_steps: int, model, optimizer, folder: RunFolder = None, sta
     config.check_int("save_every", save_every, minimum=0)
     state = {} if state is None else state
     start, rows = 0, []
+    models.release(model)
+    if folder is not None and folder.done and folder.from_store:
+        return _stored(folder, num_steps, model, state)
     if folder is not None:
         restored = folder.restore(model, optimizer)
         start = restored["step"]

@@ -292,3 +292,35 @@ def describe(model) -> dict:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {"parameters": total, "trainable": trainable, "dtype": str(next(model.parameters()).dtype)}
+
+
+class WeightsMissing(RuntimeError):
+    """A model whose trained weights the results store withheld was asked to compute (withhold)."""
+
+
+def withhold(model, message: str) -> None:
+    """Mark `model` as lacking its trained weights (a training run or stage read from the results store, which keeps
+    no weights): any forward pass through it, and any sampling copy synced from it, raises WeightsMissing(message)
+    until weights are loaded into it again (release)."""
+    release(model)
+
+    def stop(module, args, kwargs=None):
+        raise WeightsMissing(message)
+
+    handle = model.get_input_embeddings().register_forward_pre_hook(stop)
+    model._replication_withheld = (handle, message)
+
+
+def release(model) -> None:
+    """Undo withhold: the model's weights are its own again (they were loaded, or a run trains it)."""
+    held = getattr(model, "_replication_withheld", None)
+    if held is not None:
+        held[0].remove()
+        model._replication_withheld = None
+
+
+def check_weights(model) -> None:
+    """Raise WeightsMissing where `model` is withheld (withhold)."""
+    held = getattr(model, "_replication_withheld", None)
+    if held is not None:
+        raise WeightsMissing(held[1])

@@ -165,6 +165,7 @@ class SamplingCopy:
     @torch.no_grad()
     def sync(self):
         """Copy the policy as it is now: W + scale * B @ A of the active adapter, rounded to the copy's dtype."""
+        models.check_weights(self.model)
         adapter = self.model.active_adapter
         for layer, target in self.pairs:
             w = layer.base_layer.weight

@@ -10,12 +10,13 @@ those draws (the same random stream as mae.collect, from the run's final pool), 
 the base model's sampled accuracy on the same questions, and `trace` scores each iteration's adapter (the run keeps
 every checkpoint with keep=None) on one fixed set of questions, greedy and sampled."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from replication.core import config
+from replication.core import config, store
 from replication.lm import loop, models, tasks
 from . import mae
 
@@ -70,8 +71,12 @@ def checkpoints(folder) -> dict:
 
 
 def has_every_checkpoint(folder, iterations: int) -> bool:
-    """True when the run folder kept the adapter of every iteration (trained with keep=None)."""
-    return set(range(1, iterations + 1)) <= set(checkpoints(folder))
+    """True when the run folder kept the adapter of every iteration (trained with keep=None); for a run read from the
+    results store, which keeps no weights, when it kept every iteration's checkpoint where it was made (the store
+    holds the loop state after each)."""
+    run = loop.RunFolder(folder)
+    kept = set(run.checkpoints()) or ({int(k) for k in run.stored_states()} if run.from_store else set())
+    return set(range(1, iterations + 1)) <= kept
 
 
 def trace(model, tok, folder, problems, shots, max_new_tokens: int, temperature: float, batch_size: int = 16,
@@ -79,6 +84,8 @@ def trace(model, tok, folder, problems, shots, max_new_tokens: int, temperature:
     """Every iteration's adapter of a run (its checkpoints; iteration 0: the adapter as initialised, which is the base
     model, LoRA's B being zero) on the same problems, greedy and sampled at `temperature` (one draw): iteration, qid,
     decoding, correct. The active adapter's weights are left at the run's last checkpoint."""
+    if loop.RunFolder(folder).from_store:
+        raise models.WeightsMissing(store.missing_weights(f"training run {Path(folder).name}"))
     steps = checkpoints(folder)
     rows = []
     for it in [0, *sorted(steps)]:

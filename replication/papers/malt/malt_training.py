@@ -1,6 +1,6 @@
 """MALT's training: one LoRA adapter per role on the shared base model, each seed's initial adapters, and SFT then
 DPO on the SFT policy per role (an arm), each stage made once through the run's cache (the data: malt)."""
-from replication.core import config
+from replication.core import config, store
 from replication.lm import dpo, models
 
 from .malt import ROLES
@@ -38,8 +38,11 @@ def seed_init(init: dict, seed: int) -> dict:
 
 
 def load_adapter_state(model, role, state) -> None:
-    """Put saved weights back into one role's adapter."""
+    """Put saved weights back into one role's adapter (models.WeightsMissing where the results store withheld them)."""
     from peft import set_peft_model_state_dict
+
+    if store.withheld_in(state):
+        raise models.WeightsMissing(store.missing_weights(f"the {role} adapter of a MALT stage"))
 
     set_peft_model_state_dict(model, state, adapter_name=role)
 
@@ -128,6 +131,12 @@ def train_arm(cache, key: dict, name: str, model, tok, init: dict, sets: tuple, 
 
 
 def load_stage(model, trained: dict) -> None:
-    """Put the adapter weights of a train_stage result (fresh or cached) back into every role."""
+    """Put the adapter weights of a train_stage result (fresh or cached) back into every role. A result read from
+    the results store has its logs but not its weights: the model is then marked as lacking them (models.withhold),
+    so only what the store holds can be read from it."""
+    if store.withheld_in(trained["weights"]):
+        models.withhold(model, store.missing_weights("a MALT stage"))
+        return
+    models.release(model)
     for role in ROLES:
         load_adapter_state(model, role, trained["weights"][role])
