@@ -132,7 +132,8 @@ class Run:
     def finish(self) -> Path:
         """Write the metrics record (metrics/<notebook>.json of the output folder; its timings in their own keys:
         wall_time_s, phases_s (the phase profile) and reused_s (the cached results it loaded instead of making, and
-        the seconds they took when made)) atomically; return where it is read
+        the seconds they took when made)), and results_store (store.tally: what it read from the results store and
+        what it made now; each claim's `source` follows from it, store.claim_source) atomically; return where it is read
         from: its path, or under the runner the run folder's metrics file it becomes once the runner promotes it (the
         staged copy is removed then, so a notebook that prints the path never points at a removed file)."""
         import torch

@@ -79,6 +79,8 @@ def test_a_finished_run_without_weights_returns_its_log_and_its_state(made):
     assert len(short) == 2 and state2 == {"n": 2}   # the state the store kept after step 2
     with pytest.raises(models.WeightsMissing, match="--retrain"):   # its weights are not there: one line
         model(input_ids=torch.tensor([[1, 2, 3]]))
+    with pytest.raises(models.WeightsMissing, match=f"the missing entry: {NB}/evaluation-"):
+        cache.cached(made["cache"], "evaluation", {"of": "arm"}, lambda: model(input_ids=torch.tensor([[1, 2]])))
     loop.load_weights(model, made["source"] / NB / "training" / run.path.name / "checkpoints/step_000004.pt")
     model(input_ids=torch.tensor([[1, 2, 3]]))   # weights loaded again: it computes
 

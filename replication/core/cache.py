@@ -134,7 +134,12 @@ def cached(folder, name: str, key, make, log=print):
     if status != "missing" and log:
         log(f"cache {name}: rebuilt ({status})")
     t0 = time.perf_counter()
-    value = make()
+    try:
+        value = make()
+    except results.WeightsMissing as e:   # name the entry that needed them
+        if "(the missing entry:" in str(e):
+            raise
+        raise results.WeightsMissing(f"{e} (the missing entry: {path.parent.name}/{path.name})") from None
     kind = store(path, key, value, seconds=time.perf_counter() - t0)
     if results.remaking(path):   # `store verify --remake`: this entry was the one to make
         raise results.Remade(f"{path.name} re-made")

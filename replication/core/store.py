@@ -62,6 +62,10 @@ def remaking(path) -> bool:
     return ident is not None and os.environ.get(REMAKE) == "/".join(ident)
 
 
+class WeightsMissing(RuntimeError):
+    """A model whose trained weights the results store withheld was asked to compute (lm.models.withhold)."""
+
+
 class StoreError(RuntimeError):
     """A store command cannot go on; the message is one line naming the fix."""
 
@@ -263,7 +267,7 @@ def revive(value, where: str):
 
 
 def missing_weights(what: str) -> str:
-    """The one line a computation that needs weights the store withheld stops with."""
+    """The one line a computation that needs weights the store withheld stops with (the cache adds the entry)."""
     return (f"{what} came from the results store without its weights, and a result made from them is not in the "
             f"store: rerun this notebook with `python -m replication run --retrain <notebook>` (or `make retrain`)")
 

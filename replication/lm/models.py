@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from replication.core import config, files, offline, params
+from replication.core import config, files, offline, params, store
 
 from .generation import (MIN_SHARED, Generation, chat_prompts, common_prefix, completion_mask,  # noqa: F401
                          device_of, encode_prompts, generate, position_ids, sample)
@@ -294,8 +294,7 @@ def describe(model) -> dict:
     return {"parameters": total, "trainable": trainable, "dtype": str(next(model.parameters()).dtype)}
 
 
-class WeightsMissing(RuntimeError):
-    """A model whose trained weights the results store withheld was asked to compute (withhold)."""
+WeightsMissing = store.WeightsMissing   # raised where a withheld model computes (withhold)
 
 
 def withhold(model, message: str) -> None:
