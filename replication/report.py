@@ -45,8 +45,10 @@ def verdict_label(profile: str, name: str = None) -> str:
                                                             else "verdict (one-off overrides)")
 
 
-LEDGER_COLUMNS = ("notebook", "claim", "paper", "measured", "verdict", "evidence", "interval", "n", "rerun", "why",
-                  "source")   # source: results store / computed now (store.claim_source)
+LEDGER_COLUMNS = ("notebook", "claim", "task", "model", "judge", "paper", "measured", "verdict", "evidence", "interval",
+                  "n", "rerun", "why", "source")   # source: results store / computed now (store.claim_source)
+_OLD = ("notebook", "claim", "paper", "measured", "verdict", "evidence", "interval", "n")   # earlier indexes' columns:
+_OLD_LEDGERS = (_OLD + ("why",), _OLD + ("rerun", "why"), _OLD + ("rerun", "why", "source"))   # kept_rows realigns
 
 
 SHORT = 90  # characters of a long cell shown in the ledger's table; the full text is one click away
@@ -117,10 +119,10 @@ def kept_rows(path: Path, stems, ran) -> dict:
             cells = [*cells[:3], "-", *cells[3:]]
         if section == "times" and len(cells) == 4 + len(PHASE_COLUMNS):   # before the cached-results column
             line = "| " + " | ".join([*cells, "-"]) + " |"
-        if section == "claims" and len(cells) == len(LEDGER_COLUMNS) - 2:   # written before the rerun column
-            cells = [*cells[:-1], "-", cells[-1]]
-        if section == "claims" and len(cells) == len(LEDGER_COLUMNS) - 1:   # written before the source column
-            line = "| " + " | ".join([*cells, "-"]) + " |"
+        old = next((c for c in _OLD_LEDGERS if len(c) == len(cells)), None) if section == "claims" else None
+        if old is not None:   # an index written before some of today's columns: their cells read '-'
+            got = dict(zip(old, cells))
+            line = "| " + " | ".join(got.get(k, "-") for k in LEDGER_COLUMNS) + " |"
         if stem in stems and stem not in ran:
             kept[section].setdefault(stem, []).append(line)
     return kept

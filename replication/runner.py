@@ -108,7 +108,7 @@ def paper_refusal(stems, folder: Path) -> str:
     return ("--profile paper needs a GPU (none is visible to torch here): it runs the notebooks at the papers' scale; "
             + ("run the experiments at that scale with TRL instead, " + "; ".join(named) if named else
                "the selected notebooks have no paper-scale training command")
-            + " (README, Running at paper scale); on a CPU use --profile default")
+            + " (docs/gpu.md, Running at paper scale); on a CPU use --profile default")
 
 
 def parse_sets(pairs) -> dict:

@@ -14,7 +14,8 @@ from . import __version__
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes)
 
 VERDICTS = verdicts.VERDICTS
-CLAIM_COLUMNS = ["claim", "paper", "measured", "verdict", "evidence", "interval", "n", "rerun", "why"]
+CLAIM_LIMIT = 90   # characters of a claim's label: a plain sentence; the setting goes in its own columns
+CLAIM_COLUMNS = ["claim", "task", "judge", "paper", "measured", "verdict", "evidence", "interval", "n", "rerun", "why"]
 _current = None
 
 
@@ -74,7 +75,8 @@ class Run:
     def claim(self, claim: str, paper: str, measured: str, evidence: str, why: str, *, n=None, interval=None,
               direction: int = +1, null: float = 0.0, effect: float = None, estimate: float = None,
               seed_differences=None, health: str = None, unit: str = "seed", question_variance: float = None,
-              matches=None, holds: bool = None, parts: dict = None, not_tested: str = None) -> dict:
+              matches=None, holds: bool = None, parts: dict = None, not_tested: str = None, task: str = None,
+              judge: str = None, model: str = None) -> dict:
         """Add one row to the claims ledger: the paper's number beside ours, the evidence behind it, and the
         verdict from the one rule (replication.core.verdicts): an interval decides alone; otherwise exactly one of
         matches=(measured, paper, tolerance), holds=<a checked condition>, parts={...} or not_tested=<reason>.
@@ -82,8 +84,15 @@ class Run:
         A training comparison (lm.arms.compare's `basis`) also passes its estimate, its per-seed differences (one
         seed: at most 'inconclusive', qualified 'one run'; 'one draw' with unit='draw'), `health`, a failed
         health check reported beside the verdict, and the interval's question part (`question_variance`, recorded
-        for `python -m replication seeds`; read from the interval itself when it is a stats.Interval). n: a count, or a text such as '3 seeds x 200 questions'."""
+        for `python -m replication seeds`; read from the interval itself when it is a stats.Interval). n: a count, or a text such as '3 seeds x 200 questions'.
+        `claim` is a plain sentence of at most CLAIM_LIMIT characters; what it was measured on goes in `task` and
+        `judge` (the ledger's own columns) and `model` (a real-model claim's default: the notebook's `model`)."""
         config.check_choice("evidence", evidence, verdicts.EVIDENCE)
+        if len(claim) > CLAIM_LIMIT:
+            raise ValueError(f"claim: at most {CLAIM_LIMIT} characters, a plain sentence (task=, judge= and model= "
+                             f"hold the setting); got {len(claim)}: {claim[:60]!r}...")
+        if model is None and evidence == "real model" and not_tested is None:
+            model = getattr(self.params, "model", None)
         basis = {k: v for k, v in {"matches": matches, "holds": holds, "parts": parts, "not_tested": not_tested}.items()
                  if v is not None}
         if interval is not None and ("holds" in basis or "not_tested" in basis):
@@ -108,13 +117,14 @@ class Run:
         if interval is not None:
             interval = [round(float(interval[0]), 6), round(float(interval[1]), 6)]
         r6 = lambda x: None if x is None else round(float(x), 6)  # noqa: E731
-        row = {"claim": claim, "paper": str(paper), "measured": str(measured), "verdict": verdict, "evidence": evidence,
+        row = {"claim": claim, "task": task, "model": model, "judge": judge, "paper": str(paper), "measured": str(measured), "verdict": verdict, "evidence": evidence,
                "interval": interval, "n": None if n is None else (n if isinstance(n, str) else int(n)), "why": why,
                "qualifier": verdicts.qualifier(seed_differences, unit), "health": health or None,
                "estimate": r6(estimate), "direction": direction, "null": null, "effect": r6(effect),
                "seed_differences": None if seed_differences is None else [r6(x) for x in seed_differences],
                "question_variance": None if question_variance is None else float(f"{float(question_variance):.6g}")}
-        self.claims = [c for c in self.claims if c["claim"] != claim] + [row]
+        same = lambda c: all(c.get(k) == row[k] for k in ("claim", "task", "judge", "evidence"))  # noqa: E731  (a rerun cell)
+        self.claims = [c for c in self.claims if not same(c)] + [row]
         return row
 
     def claims_table(self):

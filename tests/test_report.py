@@ -79,7 +79,26 @@ def test_forest_rows_are_in_the_papers_direction_with_seeds_and_effect():
     assert (rows[0]["low"], rows[0]["high"], rows[0]["estimate"], rows[0]["effect"]) == (0.1, 0.3, 0.2, 0.28)
     assert rows[0]["seeds"] == [0.1, 0.2, 0.3] and rows[1]["seeds"] == []     # one seed: no seed dots
     assert rows[1]["low"] == pytest.approx(0.1) and rows[1]["estimate"] == pytest.approx(0.2)   # flipped to the paper's side
-    assert rows[2]["low"] == pytest.approx(-0.2) and rows[2]["estimate"] == pytest.approx(0.15)  # midpoint, minus null
+    assert rows[2]["low"] == pytest.approx(0.8) and rows[2]["estimate"] == pytest.approx(1.15)  # a ratio keeps its scale
+    assert [r["unit"] for r in rows] == ["points", "points", "ratio"]
+
+
+def test_forest_panels_by_unit_each_in_its_own_scale():
+    from replication import forest
+
+    elo = claim_row("gap", "reproduced", [51.2, 116.4], measured="mean E^C - E^I (Elo): +84")
+    auc = claim_row("auc", "inconclusive", [-0.06, 0.07], measured="within-question AUC mean - product +0.006")
+    slope = claim_row("s", "reproduced", [-0.92, -0.58], direction=-1, measured="slope of consultancy accuracy")
+    ratio = claim_row("r", "partly", [6.2, float("inf")], null=1.0, estimate=20.5)
+    inverse = claim_row("r2", "reproduced", [0.25, 0.5], null=1.0, direction=-1, estimate=0.4)
+    sim = claim_row("acc", "reproduced", [0.11, 0.13], evidence="simulation", measured="sim: accuracy")
+    rows = forest.rows([elo, auc, slope, ratio, inverse, sim])
+    assert [r["unit"] for r in rows] == ["elo", "auc", "slope", "ratio", "ratio", "points"]
+    assert (rows[2]["low"], rows[2]["high"]) == (0.58, 0.92)               # flipped into the paper's direction
+    assert (rows[4]["low"], rows[4]["high"], rows[4]["estimate"]) == (2.0, 4.0, 2.5)   # a ratio flips to its inverse
+    assert rows[5]["evidence"] == "simulation"
+    long = claim_row("a claim whose label runs on " * 5, "reproduced", [0.1, 0.2])
+    assert forest.rows([long])[0]["label"].endswith("runs on")             # the whole label, wrapped when drawn
 
 
 def test_forest_plot_is_written_once_per_ledger(tmp_path):
@@ -147,6 +166,17 @@ def test_an_index_written_before_the_source_column_keeps_its_rows_aligned(tmp_pa
                    "| 04_y | c | p | m | reproduced | real model | [+0.1, +0.2] | 3 seeds | R 0.9 | w |\n")
     cells = [c.strip() for c in report.kept_rows(old, ["04_y"], ran={})["claims"]["04_y"][0].strip().strip("|").split(" | ")]
     assert len(cells) == len(report.LEDGER_COLUMNS) and cells[-2:] == ["w", "-"]
+    assert cells[report.LEDGER_COLUMNS.index("task")] == "-" and cells[report.LEDGER_COLUMNS.index("paper")] == "p"
+
+
+def test_an_index_written_before_the_task_model_and_judge_columns_keeps_its_rows_aligned(tmp_path):
+    old = tmp_path / "README.md"
+    old.write_text("| notebook | claim | paper | measured | verdict | evidence | interval | n | rerun | why | source |\n"
+                   "|---|---|---|---|---|---|---|---|---|---|---|\n"
+                   "| 04_y | c | p | m | reproduced | real model | [+0.1, +0.2] | 3 seeds | R 0.9 | w | results store |\n")
+    cells = [c.strip() for c in report.kept_rows(old, ["04_y"], ran={})["claims"]["04_y"][0].strip().strip("|").split(" | ")]
+    assert cells == ["04_y", "c", "-", "-", "-", "p", "m", "reproduced", "real model", "[+0.1, +0.2]", "3 seeds", "R 0.9",
+                     "w", "results store"]
 
 
 def test_the_source_of_each_claim_and_notebook_is_shown():

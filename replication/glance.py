@@ -1,0 +1,112 @@
+"""The README's results at a glance: one row per notebook, its central claim read from the committed metrics
+(`figures/metrics/`), written between two markers in README.md:
+
+    python -m replication glance            # rewrite the table in README.md
+    python -m replication glance --check    # exit 1 when README.md's table differs from the metrics
+
+Each row names the claim it shows by a piece of its label (`HEADLINES`); a label that no longer matches stops with
+one line, so a renamed claim cannot leave a stale row.
+"""
+import json
+import sys
+from pathlib import Path
+
+from replication.core import config
+from replication.core.fmt import number
+
+BEGIN = "<!-- results at a glance: made by `python -m replication glance` from figures/metrics; do not edit -->"
+END = "<!-- end of results at a glance -->"
+
+# (paper, notebook stem, the claim in plain words, a piece of the committed label that picks the claim (or a tuple
+# of pieces, one per wording), its page)
+HEADLINES = (
+    ("Elo-Evolve", "01_noise_analysis", "a pairwise judge is less noisy than absolute scores: noise ratio",
+     "with a real LLM judge, comparison is less noisy", "replication/papers/elo_evolve/README.md"),
+    ("Elo-Evolve", "02_elo_dynamics", "Elo-Evolve (T = 200) beats point-based rewards: win-rate difference",
+     "point-based < static pairwise < Elo-Evolve", "replication/papers/elo_evolve/README.md"),
+    ("RLPR", "03_rlpr_debiasing", "the probability reward trains better than a rule verifier: accuracy difference",
+     "beats RLVR", "replication/papers/rlpr/README.md"),
+    ("Debate", "04_debate_judge_accuracy", "a judge who hears a debate beats one who hears none: accuracy difference",
+     "debate beats naive (LLM judge)", "replication/papers/debate/README.md"),
+    ("MALT", "05_malt_trajectory_trees", "the trained generator-verifier-refiner chain beats the base: accuracy difference",
+     "MALT improves over the same base model", "replication/papers/malt/README.md"),
+    ("Multi-Agent Evolve", "06_multi_agent_evolve", "self-play, the model its own judge, improves the solver: accuracy difference",
+     "the solver improves by self-play", "replication/papers/mae/README.md"),
+)
+SETUP = ("Setup (00)", "00_setup_and_baselines", "GRPO with the exact verifier raises held-out accuracy (the yardstick)",
+         "replication/setup/README.md")
+COUNTED = ("reproduced", "partly", "inconclusive", "not reproduced", "not tested")
+
+
+def _effect(est, lo, hi) -> str:
+    """'+0.142 [-0.013, +0.296]' for a difference; a ratio (an interval reaching inf) as '20.54 [6.21, inf]'."""
+    if hi == float("inf"):
+        return f"{number(est)} [{number(lo)}, inf]"
+    return f"{est:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def _claim(claims: list, pieces, stem: str) -> dict:
+    """The one real-model claim whose label holds one of `pieces` (a label's piece, or several: its wordings)."""
+    pieces = (pieces,) if isinstance(pieces, str) else tuple(pieces)
+    found = [c for c in claims if c["evidence"] == "real model" and any(p in c["claim"] for p in pieces)]
+    if len(found) != 1:
+        raise ValueError(f"glance.HEADLINES: {len(found)} real-model claims of {stem} contain {' or '.join(map(repr, pieces))}; "
+                         f"name exactly one")
+    return found[0]
+
+
+def _tally(claims: list) -> str:
+    counts = {v: sum(c["verdict"] == v for c in claims) for v in COUNTED}
+    return ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+
+
+def table(metrics: Path = None) -> str:
+    """The markdown table, from the metrics files in `metrics` (default: the committed figures/metrics/)."""
+    metrics = Path(metrics or config.ROOT / "figures" / "metrics")
+    read = lambda stem: json.loads((metrics / f"{stem}.json").read_text())
+    lines = ["| paper | notebook | the claim | verdict | effect [95% interval] | n | paper's value | all its claims |",
+             "|---|---|---|---|---|---|---|---|"]
+    name, stem, says, page = SETUP
+    y = read(stem)["metrics"]["yardstick"]
+    health = " (a failed health check: see the page)" if y.get("health") else ""
+    lines.append(f"| [{name}]({page}) | `{stem[:2]}` | {says} | check{health} | "
+                 f"{_effect(*y['gain'])} over the base's {number(y['base_accuracy'])} | {y['n']} | - | - |")
+    for paper, stem, says, piece, page in HEADLINES:
+        claims = read(stem)["claims"]
+        c = _claim(claims, piece, stem)
+        lo, hi = c["interval"]
+        verdict = c["verdict"] + (" (a failed health check)" if c.get("health") else "")
+        lines.append(f"| [{paper}]({page}) | `{stem[:2]}` | {says} | {verdict} | {_effect(c['estimate'], lo, hi)} | "
+                     f"{c['n']} | {c['paper']} | {_tally(claims)} |")
+    return "\n".join(lines) + "\n"
+
+
+def replaced(readme: str, block: str) -> str:
+    """README text with the part between the markers replaced by `block`."""
+    if BEGIN not in readme or END not in readme:
+        raise ValueError("README.md: the results-at-a-glance markers are missing (glance.BEGIN and glance.END)")
+    head, rest = readme.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{block}{END}{tail}"
+
+
+def main(argv) -> int:
+    path = config.ROOT / "README.md"
+    try:
+        text = path.read_text()
+        new = replaced(text, table())
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if "--check" in argv:
+        if new != text:
+            print("README.md: results at a glance differ from figures/metrics; run python -m replication glance",
+                  file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        from replication.core.files import write_text
+
+        write_text(path, new)
+    print(f"{path}: results at a glance from figures/metrics")
+    return 0

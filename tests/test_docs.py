@@ -1,0 +1,67 @@
+"""The front door: a short README whose results table is the committed metrics', one page per paper, and links
+that resolve."""
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from replication import glance
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "replication/setup/README.md"] + [
+    ROOT / f"replication/papers/{p}/README.md" for p in ("elo_evolve", "rlpr", "debate", "malt", "mae")]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_readme_is_short_and_its_results_table_is_the_committed_metrics():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    assert glance.replaced(text, glance.table()) == text, "run python -m replication glance"
+    assert glance.main(["--check"]) == 0
+
+
+def test_glance_check_fails_when_a_committed_number_changes(tmp_path):
+    metrics = tmp_path / "metrics"
+    shutil.copytree(ROOT / "figures/metrics", metrics)
+    path = metrics / "03_rlpr_debiasing.json"
+    record = json.loads(path.read_text())
+    claim = next(c for c in record["claims"] if "beats RLVR" in c["claim"])
+    claim["estimate"] += 0.01
+    path.write_text(json.dumps(record))
+    assert glance.table(metrics) != glance.table()
+    assert "+0.152" in glance.table(metrics)
+
+
+def test_a_headline_that_names_no_claim_stops_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(glance, "HEADLINES", (("RLPR", "03_rlpr_debiasing", "x", "no such claim", "p"),))
+    with pytest.raises(ValueError, match="glance.HEADLINES: 0 real-model claims of 03_rlpr_debiasing"):
+        glance.table()
+
+
+def test_every_paper_and_notebook_00_has_a_page_linked_from_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    for page in PAGES:
+        assert page.exists(), page
+        assert str(page.relative_to(ROOT)) in readme, page
+    for doc in DOCS:
+        assert f"docs/{doc.name}" in readme, doc.name
+    assert {d.name for d in DOCS} >= {"statistics.md", "reproducibility.md", "gpu.md", "benchmark.md", "runs.md"}
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md"] + PAGES + DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page):
+    for target in LINK.findall(page.read_text()):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path = target.split("#")[0]
+        if path:
+            assert (page.parent / path).exists(), f"{page.relative_to(ROOT)}: {target}"
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md"] + PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_front_pages_carry_no_dated_run_history(page):
+    dated = [line for line in page.read_text().splitlines() if re.search(r"\b20\d\d-\d\d-\d\d\b", line)]
+    assert not dated, dated[:3]
