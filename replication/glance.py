@@ -5,9 +5,11 @@
     python -m replication glance --check    # exit 1 when README.md's table differs from the metrics
 
 Each row names the claim it shows by a piece of its label (`HEADLINES`); a label that no longer matches stops with
-one line, so a renamed claim cannot leave a stale row.
+one line, so a renamed claim cannot leave a stale row. A paper's page may hold a notebook's whole ledger the same
+way, between `<!-- claims of <notebook> ... -->` and `<!-- end of claims -->` (`claims_table`).
 """
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -81,6 +83,42 @@ def table(metrics: Path = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+PAGE_BEGIN = "<!-- claims of {stem}: made by `python -m replication glance` from figures/metrics; do not edit -->"
+PAGE_END = "<!-- end of claims -->"
+PAGES = tuple(sorted({h[-1] for h in HEADLINES} | {SETUP[-1]}))
+
+
+def _measured(c: dict) -> str:
+    if c.get("interval") and c.get("estimate") is not None:
+        return _effect(c["estimate"], *c["interval"])
+    text = str(c.get("measured") or "-").replace("|", "/")
+    return text if len(text) <= 60 else text[:59].rsplit(" ", 1)[0] + " …"
+
+
+def claims_table(stem: str, metrics: Path = None) -> str:
+    """One notebook's claims as a page's table, numbered as in the ledger: the claim, its evidence, what it stands
+    on, the verdict, the effect with its interval (else the measured value) and n."""
+    metrics = Path(metrics or config.ROOT / "figures" / "metrics")
+    claims = json.loads((metrics / f"{stem}.json").read_text())["claims"]
+    first = sum(len(json.loads(p.read_text())["claims"]) for p in sorted(metrics.glob("*.json")) if p.stem < stem)
+    lines = ["| # | claim | evidence | task; judge | verdict | measured: effect [95% interval] | n |",
+             "|---|---|---|---|---|---|---|"]
+    for i, c in enumerate(claims, first + 1):   # numbered as in the ledger, from 1
+        setting = "; ".join(x for x in (c.get("task"), c.get("judge")) if x) or "-"
+        verdict = c["verdict"] + (" (a failed health check)" if c.get("health") else "")
+        lines.append(f"| {i} | {c['claim']} | {c['evidence']} | {setting} | {verdict} | {_measured(c)} | {c.get('n') or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def page_replaced(text: str, metrics: Path = None) -> str:
+    """A page with each of its notebook claim blocks made again from the metrics."""
+    for stem in re.findall(r"<!-- claims of (\d\d_\w+):", text):
+        head, rest = text.split(PAGE_BEGIN.format(stem=stem), 1)
+        _, tail = rest.split(PAGE_END, 1)
+        text = f"{head}{PAGE_BEGIN.format(stem=stem)}\n{claims_table(stem, metrics)}{PAGE_END}{tail}"
+    return text
+
+
 def replaced(readme: str, block: str) -> str:
     """README text with the part between the markers replaced by `block`."""
     if BEGIN not in readme or END not in readme:
@@ -91,22 +129,23 @@ def replaced(readme: str, block: str) -> str:
 
 
 def main(argv) -> int:
-    path = config.ROOT / "README.md"
-    try:
-        text = path.read_text()
-        new = replaced(text, table())
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    if "--check" in argv:
-        if new != text:
-            print("README.md: results at a glance differ from figures/metrics; run python -m replication glance",
-                  file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        from replication.core.files import write_text
+    from replication.core.files import write_text
 
-        write_text(path, new)
-    print(f"{path}: results at a glance from figures/metrics")
+    stale = []
+    for name in ("README.md", *PAGES):
+        path = config.ROOT / name
+        try:
+            text = path.read_text()
+            new = replaced(text, table()) if name == "README.md" else page_replaced(text)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        if new != text:
+            stale.append(name)
+            if "--check" not in argv:
+                write_text(path, new)
+    if "--check" in argv and stale:
+        print(f"{', '.join(stale)}: results differ from figures/metrics; run python -m replication glance", file=sys.stderr)
+        return 1
+    print("results at a glance and the pages' claim tables: " + (f"rewrote {', '.join(stale)}" if stale else "current"))
     return 0
