@@ -194,13 +194,19 @@ def start(notebook: str, namespace: dict = None, *, profile: str = None, seed: i
         cfg = params.build(notebook, namespace)
         profile, seed = cfg.profile, cfg.seed
         device = models.use_device(cfg.device) if getattr(cfg, "device", None) is not None else None
-        for name in PRECISIONS:   # auto: bf16 where the device has bf16 kernels, else fp32
+        root = store.activate("default" if profile is None else profile)
+        on_cpu = device is None or device.type == "cpu"
+        stored = store.auto_precision(root, notebook) if root is not None and on_cpu else None
+        for name in PRECISIONS:   # auto: as the store's entries were made, else bf16 where the device has bf16 kernels
             value = getattr(cfg, name, None)
             if value is not None and "auto" in ([value] if isinstance(value, str) else value):
-                resolved = models.resolve_dtype(name, value)
+                resolved = models.resolve_dtype(name, value, auto=stored)
                 setattr(cfg, name, resolved)
                 namespace[name] = resolved
                 why = "" if models.bf16_kernels() else " (no bf16 kernels here: bf16 would run several times slower)"
+                if stored is not None and stored != models.resolve_dtype(name, "auto"):
+                    why = (" as the results store's entries of this notebook were made (anything made anew here in "
+                           f"{stored} may run slower; --retrain makes everything in {models.resolve_dtype(name, 'auto')})")
                 print(f"{name} = {value!r} -> {resolved!r} on {device or 'cpu'}{why}")
     run = Run(notebook, "default" if profile is None else profile, 0 if seed is None else seed, cfg)
     store.activate(run.profile)   # the default profile reads the committed results store (core.store)

@@ -180,3 +180,34 @@ def test_start_resolves_auto_precision_in_the_params_and_the_notebook(kernels, w
         if stem == "00_setup_and_baselines":   # the step probe: fp32, then bf16 only where it has kernels
             assert run.params.step_update_dtypes == namespace["step_update_dtypes"] == list(dict.fromkeys(["float32", want]))
         assert workbook.start(stem, {**namespace, "rollout_dtype": "bfloat16"}).params.rollout_dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("stored_kernels", [True, False])
+def test_auto_precision_follows_the_results_store_on_a_cpu_of_another_kind(stored_kernels, monkeypatch, runs, tmp_path,
+                                                                           capsys):
+    """A default run on a CPU without bf16 kernels reads "auto" as the store's entries were made (bfloat16 where they
+    were made with bf16 kernels), so it finds them; with the store off (--retrain) "auto" is this machine's choice."""
+    from replication import settings, workbook  # noqa: F401  (registers the classes)
+    from replication.core import config, files, params, store
+
+    stem = "02_elo_dynamics"
+    root = tmp_path / "store"
+    made = {"cpu": "avx2", "bf16_kernels": stored_kernels}
+    files.write_json(root / f"{stem}.json", {"notebook": stem, "entries": {"a": {"kind": "value", "made": made}}})
+    files.write_json(root / "00_setup_and_baselines.json",   # an older record: the CPU's flags only
+                     {"notebook": "00_setup_and_baselines", "entries": {"a": {"made": {"cpu": "avx512f avx512_bf16"}}}})
+    assert store.auto_precision(root, stem) == ("bfloat16" if stored_kernels else "float32")
+    assert store.auto_precision(root, "00_setup_and_baselines") == "bfloat16"
+    assert store.auto_precision(root, "03_rlpr_debiasing") is None
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    monkeypatch.setattr(models, "_device", models._device)
+    monkeypatch.setenv(config.RUNNER_ENV, "smoke")
+    namespace = {**params.cell_values(config.NOTEBOOKS / f"{stem}.ipynb"), "device": "cpu"}
+    monkeypatch.setenv("REPLICATION_STORE", str(root))
+    want = "bfloat16" if stored_kernels else "float32"
+    assert workbook.start(stem, dict(namespace)).params.rollout_dtype == want
+    out = capsys.readouterr().out
+    assert f"rollout_dtype = 'auto' -> {want!r} on cpu" in out
+    assert ("as the results store's entries of this notebook were made" in out) is stored_kernels
+    monkeypatch.setenv("REPLICATION_STORE", "off")
+    assert workbook.start(stem, dict(namespace)).params.rollout_dtype == "float32"

@@ -180,6 +180,21 @@ def lookup(path, key, kind: str, log=print):
     return None
 
 
+def auto_precision(root, notebook: str):
+    """What a precision parameter of "auto" (lm.models.resolve_dtype) stood for where the notebook's stored entries
+    were made: "bfloat16" on a machine with bf16 kernels (made.bf16_kernels; in older records a CPU flag set naming
+    amx_bf16 or avx512_bf16), else "float32"; None where the store holds none of its entries or they disagree.
+    A default-profile run reads "auto" as this (workbook.start), so a CPU of another kind finds the stored entries."""
+    kinds = set()
+    for entry in manifest(root, notebook).get("entries", {}).values():
+        made = entry.get("made") or {}
+        kernels = made.get("bf16_kernels")
+        if kernels is None:
+            kernels = any(flag in str(made.get("cpu", "")).split() for flag in ("amx_bf16", "avx512_bf16"))
+        kinds.add("bfloat16" if kernels else "float32")
+    return kinds.pop() if len(kinds) == 1 else None
+
+
 def provenance(root, notebook: str) -> dict:
     """What the run folder records about a store entry it copied: the store's commit and date, and this execution."""
     from . import phases

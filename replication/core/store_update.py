@@ -87,7 +87,8 @@ _machine = {}
 
 
 def machine(root=None) -> dict:
-    """What made the entries: the checkout's commit, torch, the CPU's bf16 instruction sets, the device."""
+    """What made the entries: the checkout's commit, torch, the CPU's bf16 instruction sets, whether bf16 has fast
+    kernels there (what "auto" precision resolves to: core.store.auto_precision), the machine."""
     if not _machine:
         import torch
 
@@ -96,7 +97,9 @@ def machine(root=None) -> dict:
                                     capture_output=True, text=True, timeout=10).stdout.strip() or None
         except (OSError, subprocess.SubprocessError):
             commit = None
-        _machine.update(commit=commit, torch=torch.__version__, cpu=config.cpu_bf16(), machine=platform.machine())
+        kernels = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        _machine.update(commit=commit, torch=torch.__version__, cpu=config.cpu_bf16(), bf16_kernels=kernels,
+                        machine=platform.machine())
     return dict(_machine)
 
 

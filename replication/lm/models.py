@@ -144,15 +144,18 @@ def bf16_kernels() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def resolve_dtype(name: str, spec):
-    """The precision parameter `name` names: "float32" and "bfloat16" as they are; "auto" is "bfloat16" where
-    bf16_kernels() holds on the device use_device set, else "float32". A list resolves item by item, each
-    precision once (["float32", "auto"] is ["float32"] without bf16 kernels). Anything else raises one line."""
+def resolve_dtype(name: str, spec, auto: str = None):
+    """The precision parameter `name` names: "float32" and "bfloat16" as they are; "auto" is `auto` where given (the
+    precision the results store's entries were made in), else "bfloat16" where bf16_kernels() holds on the device
+    use_device set, else "float32". A list resolves item by item, each precision once (["float32", "auto"] is
+    ["float32"] without bf16 kernels). Anything else raises one line."""
     if isinstance(spec, list):
-        return list(dict.fromkeys(resolve_dtype(name, s) for s in spec))
+        return list(dict.fromkeys(resolve_dtype(name, s, auto) for s in spec))
     config.check_choice(name, spec, params.DTYPES)
     if spec != "auto":
         return spec
+    if auto is not None:
+        return auto
     return "bfloat16" if bf16_kernels() else "float32"
 
 
