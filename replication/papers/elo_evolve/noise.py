@@ -311,3 +311,38 @@ def judge_summary(fit_abs: dict, fit_pair: dict, boot: dict) -> dict:
             "n_verdicts_gap1": int(per_gap[1.0]["n"]) if 1.0 in per_gap else 0,
             "ratio": fit_abs["sigma_abs_eff"] / gap1["sigma_comp"] if gap1["sigma_comp"] else float("inf"),
             "ratio_ci95": boot["ci95"]["ratio"], "lr_test": fit_pair["lr_test"]}
+
+
+def judge_corpus(model, tok, corpus: pd.DataFrame, pairs: pd.DataFrame, k: int, seeds: dict, instruction: str,
+                 batch_size: int = 16, progress: bool = False) -> dict:
+    """Everything notebook 01 asks the real judge, as plain data for its cache entry (rebuilt by judged_parts):
+    k prompted 1-5 scores per response and their distribution (judges.absolute, seed seeds["absolute"]), both orders
+    of each pair (judges.pairwise, seeds["pairwise"]), and each response's log-likelihood under the question alone
+    and under the question and `instruction` (judges.response_logps)."""
+    probs, scores = judges.absolute(model, tok, corpus["question"], corpus["response"], k=k, seed=seeds["absolute"],
+                                    batch_size=batch_size, progress=progress)
+    judged = judges.pairwise(model, tok, pairs["question"], pairs["better"], pairs["worse"], k=k, seed=seeds["pairwise"],
+                             batch_size=batch_size, progress=progress)
+    scored = {name: judges.response_logps(model, tok, corpus["question"], corpus["response"], instruction=text,
+                                          batch_size=batch_size, progress=progress)
+              for name, text in (("question", None), ("question + instruction", instruction))}
+    arrays = {"probs": probs, "scores": scores}
+    return {"arrays": {n: {"values": a.tolist(), "dtype": str(a.dtype)} for n, a in arrays.items()},
+            "frames": {n: {"columns": {c: f[c].tolist() if c != "wins" else [w.tolist() for w in f[c]] for c in f},
+                           "dtypes": {c: str(f[c].dtype) for c in f if c != "wins"},
+                           "wins_dtype": str(f["wins"].iloc[0].dtype) if "wins" in f and len(f) else None}
+                       for n, f in {"pairwise": judged, **scored}.items()}}
+
+
+def judged_parts(made: dict):
+    """judge_corpus's data as the judges made it: (probs, scores, pairwise, scored, scored_instructed), each array
+    and column in its own dtype, so a value read from the cache or the results store computes as a fresh one does."""
+    arrays = {n: np.asarray(a["values"], dtype=a["dtype"]) for n, a in made["arrays"].items()}
+    frames = {}
+    for n, f in made["frames"].items():
+        frame = pd.DataFrame({c: v for c, v in f["columns"].items() if c != "wins"}).astype(f["dtypes"])
+        if "wins" in f["columns"]:
+            frame.insert(list(f["columns"]).index("wins"), "wins",
+                         [np.asarray(w, dtype=f["wins_dtype"]) for w in f["columns"]["wins"]])
+        frames[n] = frame
+    return (arrays["probs"], arrays["scores"], frames["pairwise"], frames["question"], frames["question + instruction"])
