@@ -16,7 +16,7 @@ from replication.compare import load
 from replication.core import power
 from replication.forest import short_claim
 
-SHORT = {"reproduced": "R", "inconclusive": "I", "not reproduced": "N"}
+SHORT = {"reproduced": "R", "partly": "P", "inconclusive": "I", "not reproduced": "N"}
 
 
 def rows(records: dict, seeds=(3, 5, 10, 20), only=None, sims: int = 2000, seed: int = 0) -> list:
@@ -81,7 +81,7 @@ def markdown(table, seeds, width: int = 70) -> str:
 
 def text(table, seeds, width: int = 72) -> str:
     """The rows for a terminal: one block per comparison, each number of seeds with its chances, the chance that the
-    interval clears no effect and the chance that every seed lands on the paper's side (`reproduced` needs both)."""
+    interval clears no effect and the chance that every seed lands on the paper's side (shown, not required)."""
     out = []
     for r in table:
         lo, hi = r["sd_range"]

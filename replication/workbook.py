@@ -114,12 +114,13 @@ class Run:
             why = f"{why} ({verdicts.SIMULATION_NOTE})"
         if question_variance is None:   # a two-level interval (stats.Interval) carries its question part
             question_variance = getattr(interval, "question_variance", None)
+        bounds = getattr(interval, "bounds", None)   # what the quantity can be (stats.clip), where the interval says
         if interval is not None:
             interval = [round(float(interval[0]), 6), round(float(interval[1]), 6)]
         r6 = lambda x: None if x is None else round(float(x), 6)  # noqa: E731
         row = {"claim": claim, "task": task, "model": model, "judge": judge, "paper": str(paper), "measured": str(measured), "verdict": verdict, "evidence": evidence,
-               "interval": interval, "n": None if n is None else (n if isinstance(n, str) else int(n)), "why": why,
-               "qualifier": verdicts.qualifier(seed_differences, unit), "health": health or None,
+               "interval": interval, "bounds": None if bounds is None else list(bounds), "n": None if n is None else (n if isinstance(n, str) else int(n)), "why": why,
+               "qualifier": verdicts.qualifier(seed_differences, unit, direction, null), "health": health or None,
                "estimate": r6(estimate), "direction": direction, "null": null, "effect": r6(effect),
                "seed_differences": None if seed_differences is None else [r6(x) for x in seed_differences],
                "question_variance": None if question_variance is None else float(f"{float(question_variance):.6g}")}

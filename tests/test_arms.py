@@ -65,7 +65,7 @@ def test_compare_pairs_by_question_and_reports_failed_arms_beside_the_measuremen
     records = {"base": arms.record("base", base["correct"]), "better": arms.record("better", better["correct"])}
     out = arms.compare("better", "base", {"base": base, "better": better}, records, n_boot=200)
     assert out["difference"] == 0.5 and out["failed"] == [] and out["n"] == "1 seed x 4 questions"
-    assert out["basis"] == {"interval": tuple(out["ci95"]), "estimate": 0.5, "seed_differences": [0.5], "health": None}
+    assert out["basis"] == {"interval": out["ci95"], "estimate": 0.5, "seed_differences": [0.5], "health": None}
     records["better"] = {**records["better"], "healthy": False, "failed_checks": ["length_ok"]}
     out = arms.compare("better", "base", {"base": base, "better": better}, records, n_boot=200)
     # the old rule turned this into not_tested; now the measurement stands and the failed check is named beside it

@@ -60,8 +60,9 @@ def test_a_harm_over_seeds_is_not_reproduced_with_the_failed_check_beside_it():
     assert c["n"] == "3 seeds x 200 questions" and len(c["basis"]["seed_differences"]) == 3
     row = {"verdict": verdicts.verdict(interval=c["basis"]["interval"], seed_differences=c["basis"]["seed_differences"]),
            "qualifier": verdicts.qualifier(c["basis"]["seed_differences"]), "health": c["basis"]["health"]}
-    assert row["verdict"] == "not reproduced" and row["qualifier"] is None
-    assert verdicts.label(row).startswith("not reproduced; failed health check: self_judge seed 0 (accuracy_ok)")
+    assert row["verdict"] == "not reproduced" and row["qualifier"] == "0 of 3 seeds on the paper's side"
+    assert verdicts.label(row).startswith("not reproduced (0 of 3 seeds on the paper's side); failed health check: "
+                                          "self_judge seed 0 (accuracy_ok)")
     # the same harm in one training run reads at most 'inconclusive (one run)', the check still beside it
     one = arms.compare("self_judge", "base", {"base": base, "self_judge": worse[:1]},
                        {**records, "self_judge": records["self_judge"][:1]}, n_boot=500)
@@ -77,7 +78,8 @@ def test_arms_over_training_seeds():
     acc = mae_eval.accuracy_over_seeds(seeds, n_boot=300, seed=2)
     assert acc["per_seed"] == pytest.approx([1 / 3, 2 / 3]) and acc["accuracy"] == pytest.approx(0.5)
     assert acc["n"] == "2 seeds x 6 questions" and acc["ci95"] == pytest.approx(list(stats.two_level_bootstrap(
-        [[1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0]], n_boot=300, seed=2)[1:]))
+        [[1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0]], n_boot=300, seed=2, bounds=(0, 1))[1:]))
+    assert acc["ci95"] == [0.0, 1.0] and acc["ci95"].clipped == ("low", "high")   # two seeds: the t interval reaches past both
     assert mae_eval.accuracy_over_seeds(seeds[0], n_boot=50)["n"] == "1 seed x 6 questions"  # an untrained arm: one table
     # the trained judge of each seed: agreement above that seed's majority-class baseline, per reply
     judged = [pd.DataFrame({"parse": ["tag"] * 4, "raw_score": [9.0] * 4, "score": s, "correct": c})

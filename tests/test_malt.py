@@ -325,7 +325,7 @@ SEEDS = [ROWS, other_seed(ROWS)]
 def test_accuracy_over_seeds_is_two_level_for_trained_variants_and_wilson_for_the_rest():
     acc = malt_eval.accuracy_summary(SEEDS, votes=3, n_boot=300, seed=2)
     hits = np.array([[1.0, 1.0], [0.0, 0.0]])                         # MALT vote: seed 0 both right, seed 1 none
-    assert acc["MALT, vote of 3"] == {"acc": 0.5, "ci95": list(stats.two_level_bootstrap(hits, 300, 2)[1:]), "n": 2,
+    assert acc["MALT, vote of 3"] == {"acc": 0.5, "ci95": list(stats.two_level_bootstrap(hits, 300, 2, bounds=(0, 1))[1:]), "n": 2,
                                       "seeds": 2, "per_seed": [1.0, 0.0], "trained": True}
     p, lo, hi = stats.proportion_ci(1, 2)                                  # the base generator: one run, Wilson
     assert acc["base generator"] == {"acc": p, "ci95": [lo, hi], "n": 2, "seeds": 1, "per_seed": [0.5], "trained": False}
@@ -343,9 +343,9 @@ def healthy_records(seeds=1, failed=()):
 def test_paired_differences_come_from_the_two_level_bootstrap():
     diffs = malt_eval.paired_differences(ROWS, votes=3, records=healthy_records(), n_boot=300, seed=4)
     d = diffs["MALT vote vs base vote (3)"]
-    expected = stats.two_level_bootstrap([[1.0, 1.0]], n_boot=300, seed=4)
+    expected = stats.two_level_bootstrap([[1.0, 1.0]], n_boot=300, seed=4, bounds=(-1, 1))
     assert (d["diff"], *d["ci95"]) == expected and d["n"] == "1 seed x 2 questions" and np.isnan(d["relative"])
-    assert d["per_seed"] == [1.0] and d["basis"] == {"interval": expected[1:], "estimate": 1.0, "seed_differences": [1.0],
+    assert d["per_seed"] == [1.0] and d["basis"] == {"interval": list(expected[1:]), "estimate": 1.0, "seed_differences": [1.0],
                                                      "health": None}
     single = diffs["MALT vs base generator (single)"]
     assert single["diff"] == 0.0 and single["relative"] == 0.0
@@ -357,7 +357,7 @@ def test_paired_differences_pair_every_seed_with_the_shared_base_and_name_a_fail
     records = healthy_records(2, failed=("MALT (global pooling)",))
     diffs = malt_eval.paired_differences(SEEDS, votes=3, records=records, n_boot=300, seed=4)
     d = diffs["MALT vs base generator (single)"]            # MALT [1, 0] then [0, 0]; the base [0, 1] in both
-    expected = stats.two_level_bootstrap([[1.0, -1.0], [0.0, -1.0]], n_boot=300, seed=4)
+    expected = stats.two_level_bootstrap([[1.0, -1.0], [0.0, -1.0]], n_boot=300, seed=4, bounds=(-1, 1))
     assert (d["diff"], *d["ci95"]) == expected and d["n"] == "2 seeds x 2 questions"
     assert d["per_seed"] == [0.0, -0.5] and d["probability_of_improvement"] == 0.25
     assert d["basis"]["seed_differences"] == [0.0, -0.5] and "interval" in d["basis"] and "not_tested" not in d["basis"]

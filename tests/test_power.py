@@ -40,12 +40,13 @@ def test_chances_add_up_and_two_runs_agree_by_the_sum_of_squares():
     assert power.verdict_chances(0.05, 0.05, 0.0004, 3, sims=3000, seed=0) == out   # seeded
 
 
-def test_the_every_seed_clause_makes_reproduced_less_likely_with_many_seeds():
-    """A lead about 1.5 seed SDs wide: at 20 seeds the interval clears no effect almost always, yet a seed falls on
-    the other side often enough that 'reproduced' is rarer than at 5."""
+def test_more_seeds_make_a_real_lead_more_likely_reproduced():
+    """A lead about 1.5 seed SDs wide: at 20 seeds the interval clears no effect almost always and the verdict is
+    `reproduced` as often, although a seed falls on the other side in most such runs (every_seed, shown beside it:
+    the every-seed clause the rule once had made 'reproduced' rarer at 20 seeds than at 5)."""
     five, twenty = (power.verdict_chances(0.08, 0.055, 0.0004, s, sims=4000, seed=3) for s in (5, 20))
-    assert twenty["clears"] > 0.99 and twenty["reproduced"] == pytest.approx(twenty["every_seed"], abs=0.01)
-    assert twenty["reproduced"] < five["reproduced"] - 0.1
+    assert twenty["clears"] > 0.99 and twenty["reproduced"] == pytest.approx(twenty["clears"], abs=0.001)
+    assert twenty["reproduced"] > five["reproduced"] and twenty["every_seed"] < 0.5
 
 
 @pytest.mark.parametrize("seed_sd, question_sd", [(0.05, 0.001), (0.05, 0.03), (0.03, 0.2), (0.0, 0.03)])

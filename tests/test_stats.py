@@ -110,7 +110,10 @@ def test_agreement_on_a_known_case():
     ((-0.1, 0.5), {"effect": 0.3}, "inconclusive"),                 # holds 0 and the paper's effect
     ((-0.1, 0.5), {}, "inconclusive"),
     ((-0.1, 0.2), {"effect": 0.3}, "not reproduced"),               # reliably smaller than the paper's effect
-    ((0.05, 0.2), {"effect": 0.3}, "reproduced"),                   # the direction holds: the rule asks no more
+    ((0.05, 0.2), {"effect": 0.3}, "partly"),                       # the direction holds, wholly short of the size
+    ((0.05, 0.35), {"effect": 0.3}, "reproduced"),                  # ... reaching the paper's effect
+    ((0.05, 0.2), {"effect": -0.3}, "partly"),                      # the effect as a distance: its sign is ignored
+    ((-0.25, -0.05), {"direction": -1, "effect": 0.3}, "partly"),
     ((-0.3, -0.1), {"direction": -1}, "reproduced"),                # the paper reports a decrease
     ((0.1, 0.3), {"direction": -1}, "not reproduced"),
     ((-0.5, 0.1), {"direction": -1, "effect": 0.3}, "inconclusive"),
@@ -158,32 +161,49 @@ def test_verdict_from_parts():
     assert verdicts.verdict(parts={"a": "reproduced", "b": "not reproduced"}) == "partly"
     assert verdicts.verdict(parts={"a": "inconclusive", "b": "not reproduced"}) == "not reproduced"
     assert verdicts.verdict(parts={"a": "inconclusive", "b": "not tested"}) == "inconclusive"
+    assert verdicts.verdict(parts={"a": "partly", "b": "inconclusive"}) == "partly"   # a part that holds in direction
+    assert verdicts.verdict(parts={"a": "partly", "b": "partly"}) == "partly"
     with pytest.raises(ValueError, match="choose one of"):
         verdicts.verdict(parts={"a": "sort of"})
     with pytest.raises(ValueError, match="at least one part"):
         verdicts.from_parts({})
 
 
-@pytest.mark.parametrize("interval, seeds, kw, expected", [
-    ((0.1, 0.3), [0.2], {}, "inconclusive"),                        # one training run: never more than inconclusive
-    ((-0.3, -0.1), [-0.2], {}, "inconclusive"),                     # ... in either direction (rounding flipped them)
-    ((0.1, 0.3), [0.2, 0.1, 0.25], {}, "reproduced"),               # every seed on the paper's side
-    ((0.01, 0.3), [0.2, -0.02, 0.25], {}, "inconclusive"),          # one seed against: not reproduced, not reproduced
-    ((-0.3, -0.1), [-0.2, -0.1, 0.05], {}, "not reproduced"),       # a measured harm stays a harm
-    ((-0.3, -0.1), [-0.2, -0.1, -0.3], {"direction": -1}, "reproduced"),
-    ((-0.3, -0.05), [-0.2, -0.1, 0.01], {"direction": -1}, "inconclusive"),
-    ((0.0, 0.2), [0.1, 0.1], {"effect": 0.28}, "not reproduced"),  # upper end below the paper's effect
+@pytest.mark.parametrize("interval, seeds, kw, expected, side", [
+    ((0.1, 0.3), [0.2], {}, "inconclusive", "one run"),          # one training run: never more than inconclusive
+    ((-0.3, -0.1), [-0.2], {}, "inconclusive", "one run"),       # ... in either direction (rounding flipped them)
+    ((0.1, 0.3), [0.2, 0.1, 0.25], {}, "reproduced", "3 of 3"),
+    ((0.01, 0.3), [0.2, -0.02, 0.25], {}, "reproduced", "2 of 3"),  # the interval decides; a seed against is shown
+    ((-0.3, -0.1), [-0.2, -0.1, 0.05], {}, "not reproduced", "1 of 3"),  # a measured harm stays a harm
+    ((-0.3, -0.1), [-0.2, -0.1, -0.3], {"direction": -1}, "reproduced", "3 of 3"),
+    ((-0.3, -0.05), [-0.2, -0.1, 0.01], {"direction": -1}, "reproduced", "2 of 3"),
+    ((0.0, 0.2), [0.1, 0.1], {"effect": 0.28}, "not reproduced", "2 of 2"),  # upper end below the paper's effect
+    ((0.05, 0.17), [0.1, 0.12, 0.06], {"effect": 0.28}, "partly", "3 of 3"),  # 04's debate - naive: short of +0.28
 ])
-def test_verdict_counts_the_seeds_of_a_training_comparison(interval, seeds, kw, expected):
+def test_verdict_of_a_training_comparison_and_its_seeds_on_the_papers_side(interval, seeds, kw, expected, side):
     assert verdicts.verdict(interval=interval, seed_differences=seeds, **kw) == expected
-    assert verdicts.qualifier(seeds) == ("one run" if len(seeds) == 1 else None) and verdicts.qualifier(None) is None
+    q = verdicts.qualifier(seeds, direction=kw.get("direction", 1))
+    assert q == side if side == "one run" else q == f"{side} seeds on the paper's side"
+    assert verdicts.qualifier(None) is None
+
+
+def test_more_seeds_never_make_a_real_effect_less_likely_reproduced():
+    """A real effect of 1.5 seed SDs with no question noise: under the rule the chance of `reproduced` rises with the
+    seeds (an every-seed clause made it fall: each seed lands on the paper's side with probability about 0.93)."""
+    from replication.core import power
+
+    chances = [power.verdict_chances(1.5, 1.0, 0.0, s, sims=4000, seed=1)["reproduced"] for s in (3, 5, 10, 20)]
+    assert chances == sorted(chances) and chances[-1] > 0.99
+    every = [power.verdict_chances(1.5, 1.0, 0.0, s, sims=4000, seed=1)["every_seed"] for s in (3, 20)]
+    assert every[1] < every[0] < 0.9
 
 
 def test_one_run_and_failed_health_show_beside_the_verdict():
     row = {"verdict": "inconclusive", "qualifier": "one run", "health": "failed health check: a (learned)"}
     assert verdicts.label(row) == "inconclusive (one run); failed health check: a (learned)"
     assert verdicts.label({"verdict": "reproduced"}) == "reproduced"
-    assert verdicts.qualifier([0.1], unit="draw") == "one draw" and verdicts.qualifier([0.1, 0.2], unit="draw") is None
+    assert verdicts.qualifier([0.1], unit="draw") == "one draw"
+    assert verdicts.qualifier([0.1, -0.2], unit="draw") == "1 of 2 draws on the paper's side"
     with pytest.raises(ValueError, match="seed_differences"):
         verdicts.verdict(interval=(0.1, 0.2), seed_differences=[0.1, float("nan")])
 
@@ -304,3 +324,41 @@ def test_probability_of_improvement_is_the_mann_whitney_statistic():
     x, y = np.array([0.6, 0.7, 0.7, 0.9]), np.array([0.5, 0.7, 0.8])
     assert stats.probability_of_improvement(x, y) == pytest.approx(mannwhitneyu(x, y).statistic / (len(x) * len(y)))
     assert stats.probability_of_improvement([1.0], [0.0]) == 1.0 and stats.probability_of_improvement([0.5], [0.5]) == 0.5
+
+
+# ---- intervals of bounded quantities -------------------------------------------------------------------
+
+def test_an_accuracy_near_zero_over_three_seeds_stays_inside_zero_to_one_and_says_so():
+    """06's self-judge accuracy read '26.0% [-6.9, 58.9]': a t interval over three seed means knows no bound."""
+    from replication.core import fmt
+
+    rng = np.random.default_rng(0)
+    hits = np.stack([rng.random(200) < p for p in (0.02, 0.55, 0.21)]).astype(float)
+    free = stats.two_level_bootstrap(hits, n_boot=300, seed=0)
+    kept = stats.two_level_bootstrap(hits, n_boot=300, seed=0, bounds=(0, 1))
+    assert free[1] < 0 and kept[1] == 0.0 and kept[2] == free[2] and kept[0] == free[0]
+    assert kept.clipped == ("low",) and kept.interval.clipped == ("low",) and kept.interval.bounds == (0.0, 1.0)
+    assert kept.question_variance == free.question_variance
+    text = fmt.accuracy({"accuracy": kept[0], "ci95": kept.interval})
+    assert "[0.0 (clipped), " in text and fmt.diff(kept).count("(clipped)") == 1
+    inside = stats.two_level_bootstrap(np.stack([rng.random(200) < 0.5 for _ in range(3)]).astype(float),
+                                       n_boot=300, seed=0, bounds=(0, 1))
+    assert inside.clipped == () and "clipped" not in fmt.ci(inside.interval)
+    with pytest.raises(ValueError, match="bounds"):
+        stats.clip((0.5, 0.1, 0.9), (1, 0))
+
+
+def test_a_difference_of_outcomes_is_kept_inside_minus_one_to_one():
+    """arms.compare: both arms' values in [0, 1], so their difference's interval is kept in [-1, 1] (06's agreement
+    difference read [-1.21, +0.359])."""
+    e = stats.clip(stats.Estimate(-0.4, -1.21, 0.359, 0.01), (-1, 1))
+    assert list(e.interval) == [-1.0, 0.359] and e.clipped == ("low",)
+    assert verdicts.verdict(interval=e.interval) == verdicts.verdict(interval=(-1.21, 0.359))
+
+
+def test_an_end_that_rounds_to_zero_keeps_its_sign():
+    """05-50's lower end -8.6e-05 printed as -0.000, an inconclusive-by-a-hair row that read like a zero."""
+    from replication.core import fmt
+
+    assert fmt.diff((0.02, -8.6e-05, 0.04)) == "+0.020 [-8.6e-05, +0.040]"
+    assert fmt.diff((0.0, 0.0, 1e-17)) == "+0.000 [+0.000, +0.000]"   # float noise stays zero

@@ -78,6 +78,31 @@ def test_committed_claims_are_short_sentences_with_their_setting_in_columns():
         pytest.skip(f"committed metrics made before the task/judge fields (re-executed from the store next): {older}")
 
 
+def test_committed_intervals_stay_inside_what_their_quantities_can_be():
+    """Every committed claim made by today's run.claim (its record has `bounds`): an interval with bounds lies inside
+    them, and every accuracy written in percent with its interval ('26.0% [-6.9, 58.9]') has its ends in 0-100;
+    notebooks whose committed metrics predate the bounds are named."""
+    import re
+
+    older, percent = [], re.compile(r"(-?\d+(?:\.\d+)?)%? \[(-?\d+(?:\.\d+)?)%?(?: \(clipped\))?, (-?\d+(?:\.\d+)?)%?")
+    for path in sorted((config.ROOT / "figures/metrics").glob("*.json")):
+        claims = json.loads(path.read_text())["claims"]
+        if claims and "bounds" not in claims[0]:
+            older.append(path.stem)
+            continue
+        for c in claims:
+            if c.get("bounds") and c.get("interval"):
+                lo, hi = c["bounds"]
+                assert lo <= c["interval"][0] <= c["interval"][1] <= hi, (path.stem, c["claim"], c["interval"])
+            for m in percent.finditer(c["measured"]):
+                if f"{m.group(1)}%" in c["measured"][m.start():m.end()]:
+                    ends = (m.group(2), m.group(3))   # '-0%' is an end below 0 that rounded
+                    assert not any(e.startswith("-") for e in ends) and 0 <= float(ends[0]) <= float(ends[1]) <= 100, \
+                        (path.stem, c["claim"], m.group(0))
+    if older:
+        pytest.skip(f"committed metrics made before intervals knew their bounds (re-executed next): {older}")
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"notebook": "x", "profile": "smoke", "seed": 0}, "notebook="),
     ({"notebook": "07_x", "profile": "fast", "seed": 0}, "profile='fast'"),

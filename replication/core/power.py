@@ -8,8 +8,8 @@ stays, since the questions do. Taking the measured difference and seed spread as
 et al. 2018 plan the number of seeds), `verdict_chances` draws S per-seed differences from a normal spread, joins
 their variance with the question part as the notebooks do (stats.joined_half), and reads each simulated run with the
 one rule (verdicts.from_interval). It gives the chance of each verdict, of two such runs giving the same verdict, of
-the interval clearing no effect, and of every seed landing on the paper's side (the rule's every-seed clause, whose
-chance falls as seeds are added whenever a seed can land on the other side).
+the interval clearing no effect, and of every seed landing on the paper's side (shown for the reader; the rule does
+not require it, since that chance falls as seeds are added whenever a seed can land on the other side).
 
 The plug-in truth is the pilot's: a seed SD estimated from three seeds is uncertain by a factor of about two either
 way (`sd_range`), and the measured difference is itself a draw, so the chances are a plan, not a prediction.
@@ -20,7 +20,7 @@ from scipy.stats import chi2
 
 from . import config, stats, verdicts
 
-OUTCOMES = ("reproduced", "inconclusive", "not reproduced")
+OUTCOMES = ("reproduced", "partly", "inconclusive", "not reproduced")
 
 
 def question_variances(per_seed, interval, alpha: float = 0.05) -> list:

@@ -73,29 +73,52 @@ def paired_bootstrap(a, b, n_boot: int = 2000, seed: int = 0, alpha: float = 0.0
 
 class Interval(list):
     """[low, high] of a two-level interval with its question part as `question_variance` (None: not a two-level
-    interval), which run.claim records when given the interval; it prints, compares and is written as the list."""
+    interval), which run.claim records when given the interval; it prints, compares and is written as the list.
+    `bounds`: what the quantity can be (None: unbounded); `clipped`: the ends ("low", "high") that `clip` moved onto
+    a bound, which core.fmt marks."""
 
-    def __init__(self, low, high, question_variance=None):
+    def __init__(self, low, high, question_variance=None, bounds=None, clipped=()):
         super().__init__((float(low), float(high)))
         self.question_variance = question_variance
+        self.bounds = None if bounds is None else (float(bounds[0]), float(bounds[1]))
+        self.clipped = tuple(clipped)
 
 
 class Estimate(tuple):
     """(estimate, low, high) of a two-level interval, with the variance of its question part beside it
     (`question_variance`; None for one seed or draw, whose interval is a percentile bootstrap), so that a ledger row
-    can say how its interval would narrow with more seeds (core.power). `interval`: [low, high] as an Interval."""
+    can say how its interval would narrow with more seeds (core.power). `interval`: [low, high] as an Interval;
+    `bounds` and `clipped` as Interval's."""
 
-    def __new__(cls, estimate, low, high, question_variance=None):
+    def __new__(cls, estimate, low, high, question_variance=None, bounds=None, clipped=()):
         out = super().__new__(cls, (estimate, low, high))
         out.question_variance = question_variance
+        out.bounds = None if bounds is None else (float(bounds[0]), float(bounds[1]))
+        out.clipped = tuple(clipped)
         return out
 
     def __getnewargs__(self):
-        return (*self, self.question_variance)
+        return (*self, self.question_variance, self.bounds, self.clipped)
 
     @property
     def interval(self) -> Interval:
-        return Interval(self[1], self[2], self.question_variance)
+        return Interval(self[1], self[2], self.question_variance, self.bounds, self.clipped)
+
+
+def clip(estimate, bounds) -> "Estimate":
+    """The (estimate, low, high) with its interval's ends kept inside what the quantity can be (bounds=(lo, hi): an
+    accuracy or share (0, 1), a difference of two (-1, 1)); an end moved onto a bound is named in `clipped`. A t
+    interval between seeds is symmetric and knows no bound, so with three seeds near 0 or 1 it can reach past it;
+    the true value lies inside the bounds, so clipping never lowers the interval's coverage. bounds=None: as given."""
+    est, low, high = (float(x) for x in estimate)
+    qv = getattr(estimate, "question_variance", None)
+    if bounds is None:
+        return Estimate(est, low, high, qv)
+    lo_b, hi_b = (float(b) for b in bounds)
+    if not lo_b < hi_b:
+        raise ValueError(f"bounds={tuple(bounds)!r} is not allowed; give (low, high) with low < high")
+    clipped = [end for end, out in (("low", low < lo_b), ("high", high > hi_b)) if out]
+    return Estimate(est, min(max(low, lo_b), hi_b), max(min(high, hi_b), lo_b), qv, (lo_b, hi_b), clipped)
 
 
 def joined_half(v_seed, v_q, n_seeds: int, alpha: float = 0.05):
@@ -133,14 +156,16 @@ def seeds_and_questions(per_seed, question_draws, alpha: float = 0.05):
 
 
 @phases.timed("statistics and plotting")
-def two_level_bootstrap(diffs, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05, questions: bool = True):
+def two_level_bootstrap(diffs, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05, questions: bool = True,
+                        bounds=None):
     """(mean, low, high) of a seeds x questions array of paired differences (arm a minus arm b, the same training
     seed and the same held-out question), with an interval that covers both sources of spread: between seeds, a t
     interval from the spread of the per-seed means (S - 1 degrees of freedom), and within, a bootstrap of the
     questions, the same resample for every seed (the seeds answer the same questions), joined by
     `seeds_and_questions`. questions=False: the seeds only, the t interval over per-seed means. One seed gives the
     percentile bootstrap over its questions (one run's interval). The result is an `Estimate`: over seeds its
-    question_variance is the question part of the interval (None for one seed)."""
+    question_variance is the question part of the interval (None for one seed). bounds: what the mean can be, its
+    interval clipped to them (`clip`)."""
     d = np.asarray(diffs, dtype=float)
     if d.ndim != 2 or not d.size:
         raise ValueError("diffs must be a non-empty seeds x questions array of paired differences")
@@ -149,14 +174,14 @@ def two_level_bootstrap(diffs, n_boot: int = 2000, seed: int = 0, alpha: float =
     rows = rng.integers(0, n_questions, size=(n_boot, n_questions))
     if n_seeds == 1:
         lo, hi = np.quantile(d[0][rows].mean(axis=1), [alpha / 2, 1 - alpha / 2])
-        return Estimate(float(d.mean()), float(lo), float(hi))
+        return clip(Estimate(float(d.mean()), float(lo), float(hi)), bounds)
     draws = d[:, rows].mean(axis=(0, 2)) if questions else np.array([])
     lo, hi, _ = seeds_and_questions(d.mean(axis=1), draws, alpha)
-    return Estimate(float(d.mean()), float(d.mean() + lo), float(d.mean() + hi), _variance(draws))
+    return clip(Estimate(float(d.mean()), float(d.mean() + lo), float(d.mean() + hi), _variance(draws)), bounds)
 
 
 @phases.timed("statistics and plotting")
-def nested_bootstrap(statistic, units, groups, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05):
+def nested_bootstrap(statistic, units, groups, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05, bounds=None):
     """(mean over units of statistic(*columns), low, high) for any statistic (e.g. an AUC) computed within each unit
     (a training seed, a draw of sampled replies), with two_level_bootstrap's interval: between units, a t interval
     from the spread of the per-unit values; within, the statistic averaged over the units under resampled groups
@@ -164,7 +189,7 @@ def nested_bootstrap(statistic, units, groups, n_boot: int = 2000, seed: int = 0
     its own). units: per unit a list of equally long columns; groups: per unit the group label of each row. For a
     plain mean of one value per group it gives two_level_bootstrap's interval; with one unit it is `bootstrap`
     over groups. Non-finite resamples are ignored. The result is an `Estimate` (over units its question part
-    beside it)."""
+    beside it); bounds: what the statistic can be (an AUC (0, 1)), its interval clipped to them (`clip`)."""
     if not units:
         return float("nan"), float("nan"), float("nan")
     members = [[np.flatnonzero(np.asarray(g) == k) for k in dict.fromkeys(np.asarray(g).tolist())] for g in groups]
@@ -186,9 +211,9 @@ def nested_bootstrap(statistic, units, groups, n_boot: int = 2000, seed: int = 0
         return est, float("nan"), float("nan")
     if len(units) == 1:
         lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
-        return Estimate(est, float(lo), float(hi))
+        return clip(Estimate(est, float(lo), float(hi)), bounds)
     lo, hi, _ = seeds_and_questions(values, boot, alpha)
-    return Estimate(est, est + lo, est + hi, _variance(boot))
+    return clip(Estimate(est, est + lo, est + hi, _variance(boot)), bounds)
 
 
 def probability_of_improvement(x, y) -> float:

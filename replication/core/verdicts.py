@@ -1,21 +1,25 @@
 """One verdict rule and one vocabulary for every claim of the workbook.
 
-- ``reproduced``: the paper's direction holds and the 95% interval excludes no effect; or a number
-  recomputed from the paper's own data matches it within the paper's rounding; or a stated check holds.
-- ``not reproduced``: the interval excludes the paper's direction (all of it at or below no effect), or
-  holds no effect and lies wholly below the paper's effect size when one is given (the effect is reliably smaller
-  than reported, and may be none); an interval wholly above no effect is ``reproduced`` even when it lies below the
-  paper's effect (the direction holds; the row shows both numbers);
-  or a recomputed number does not match; or a stated check fails.
+- ``reproduced``: the paper's direction holds and the 95% interval excludes no effect (and, where the paper's
+  effect is comparable and passed, reaches it: the interval's far end is at or beyond it); or a number recomputed
+  from the paper's own data matches it within the paper's rounding; or a stated check holds.
+- ``partly``: the interval lies wholly on the paper's side of no effect but wholly short of the paper's effect
+  (direction reproduced, size not; the row shows both numbers); or a compound claim whose parts disagree with at
+  least one part holding (reproduced or partly), the parts named in the row.
+- ``not reproduced``: the interval excludes the paper's direction (all of it at or below no effect), or holds no
+  effect and lies wholly below the paper's effect size when one is given (the effect is reliably smaller than
+  reported, and may be none); or a recomputed number does not match; or a stated check fails; or a compound claim
+  with no part holding and at least one part not reproduced.
 - ``inconclusive``: the interval holds both no effect and the paper's direction (and its effect size); also a
-  zero-width interval at no effect (no item differed: a bootstrap has no spread to decide on).
-- ``partly``: a compound claim with at least one part reproduced and another not; the parts are named in
-  the row. With no part reproduced a compound claim is ``not reproduced`` if any part is, else ``inconclusive``.
+  zero-width interval at no effect (no item differed: a bootstrap has no spread to decide on); a compound claim
+  whose parts are all inconclusive or not tested.
 - ``not tested``: not run here, with the reason.
 
 A training comparison (arm a against arm b, each trained over several seeds) passes its per-seed differences
 (`seed_differences`) beside its two-level interval (seeds, then questions):
-- ``reproduced`` also needs every seed's difference to have the paper's sign (a seed against it is ``inconclusive``);
+- the interval alone decides (it already carries the seed spread); the row shows beside the verdict how many seeds
+  landed on the paper's side ("2 of 3 seeds on the paper's side", `qualifier`). Requiring every seed on the paper's
+  side would make ``reproduced`` less likely the more seeds are run;
 - a single training run is at most ``inconclusive`` with the qualifier ``one run`` (reruns that changed only
   floating-point rounding have flipped one-run verdicts both ways);
 - a failed health check of an arm is reported beside the verdict; it never turns a measured comparison into
@@ -40,33 +44,49 @@ def from_interval(low: float, high: float, direction: int = +1, null: float = 0.
 
     direction: +1 if the paper reports the quantity above `null`, -1 if below. effect: the paper's effect
     size on the same scale (distance from null, positive), when it is comparable. seed_differences: a training
-    comparison's per-seed differences (module docstring): one seed caps the verdict at 'inconclusive', and
-    'reproduced' needs every seed on the paper's side of null."""
+    comparison's per-seed differences (module docstring): one seed caps the verdict at 'inconclusive'; with two or
+    more the interval alone decides (on_side counts the seeds for the row)."""
     if direction not in (+1, -1):
         raise ValueError(f"direction={direction!r} is not allowed; use +1 (paper: above null) or -1 (below)")
     if math.isnan(low) or math.isnan(high) or low > high:
         raise ValueError(f"interval=[{low}, {high}] is not allowed; it needs low <= high (infinite bounds are fine)")
     lo, hi = sorted(((low - null) * direction, (high - null) * direction))
-    seeds = None if seed_differences is None else np.atleast_1d(np.asarray(seed_differences, float))
-    if seeds is not None and (not seeds.size or not np.all(np.isfinite(seeds))):
-        raise ValueError(f"seed_differences={list(seeds)} is not allowed; give one finite difference per training seed")
+    seeds = _seeds(seed_differences)
     if seeds is not None and seeds.size == 1:  # one training run: rounding alone has flipped such verdicts
         return "inconclusive"
     if lo == hi == 0:  # a zero-width interval at no effect: no item differed, so nothing to decide on
         return "inconclusive"
+    short = effect is not None and hi < abs(effect)   # wholly short of the paper's effect
     if lo > 0:
-        return "reproduced" if seeds is None or bool(np.all((seeds - null) * direction > 0)) else "inconclusive"
-    if hi <= 0 or (effect is not None and hi < abs(effect)):
+        return "partly" if short else "reproduced"
+    if hi <= 0 or short:
         return "not reproduced"
     return "inconclusive"
 
 
-def qualifier(seed_differences=None, unit: str = "seed"):
+def _seeds(seed_differences):
+    seeds = None if seed_differences is None else np.atleast_1d(np.asarray(seed_differences, float))
+    if seeds is not None and (not seeds.size or not np.all(np.isfinite(seeds))):
+        raise ValueError(f"seed_differences={list(seeds)} is not allowed; give one finite difference per training seed")
+    return seeds
+
+
+def on_side(seed_differences, direction: int = +1, null: float = 0.0):
+    """(k, n): how many of the n per-seed differences lie on the paper's side of null (strictly)."""
+    seeds = _seeds(seed_differences)
+    return int(np.sum((seeds - null) * direction > 0)), int(seeds.size)
+
+
+def qualifier(seed_differences=None, unit: str = "seed", direction: int = +1, null: float = 0.0):
     """The verdict's qualifier shown beside it: 'one run' for a training comparison of one seed ('one draw' where
-    the repeats are draws of sampled replies, unit='draw'), else None."""
-    if seed_differences is None or np.atleast_1d(seed_differences).size != 1:
+    the repeats are draws of sampled replies, unit='draw'); '2 of 3 seeds on the paper's side' for two or more;
+    None without per-seed differences."""
+    if seed_differences is None:
         return None
-    return ONE_RUN if unit == "seed" else f"one {unit}"
+    k, n = on_side(seed_differences, direction, null)
+    if n == 1:
+        return ONE_RUN if unit == "seed" else f"one {unit}"
+    return f"{k} of {n} {unit}s on the paper's side"
 
 
 def label(row: dict) -> str:
@@ -85,9 +105,9 @@ def from_match(measured, paper, tolerance) -> str:
 
 
 def from_parts(parts: dict) -> str:
-    """A compound claim (all its parts must hold): one word when all parts agree; 'partly' when at least one
-    part is reproduced and another is not; with no part reproduced, 'not reproduced' if any part is (the
-    claim as a whole fails), else 'inconclusive'."""
+    """A compound claim's verdict from its parts' (each shown with its own interval and verdict): one word when all
+    parts agree; 'partly' when they disagree and at least one part holds (reproduced or partly); with no part holding,
+    'not reproduced' if any part is, else 'inconclusive'."""
     if not parts:
         raise ValueError("parts={} is not allowed; name at least one part and its verdict")
     for name, v in parts.items():
@@ -96,7 +116,7 @@ def from_parts(parts: dict) -> str:
     words = set(parts.values())
     if len(words) == 1:
         return words.pop()
-    if "reproduced" in words:
+    if words & {"reproduced", "partly"}:
         return "partly"
     return "not reproduced" if "not reproduced" in words else "inconclusive"
 

@@ -149,14 +149,16 @@ def compare(a: str, b: str, tables: dict, records: dict, column: str = "correct"
     run)'), over seeds the interval's question part (core.power plans seeds with it; `ci95` is a stats.Interval
     that carries it too) and any failed health check, reported beside the verdict (a failed arm's comparison is
     still measured and judged). unit: what a repeat is, in n and the health text ('seed'; 'draw' for draws of
-    sampled replies without training)."""
+    sampled replies without training). Where both arms' values lie in [0, 1] (0/1 outcomes, scores) the interval is
+    kept inside [-1, 1], what their difference can be (stats.clip; a clipped end is marked in the text)."""
     ta, tb = by_seed(tables[a]), by_seed(tables[b])
     if len(ta) != len(tb) and 1 not in (len(ta), len(tb)):
         raise ValueError(f"{a} has {len(ta)} seeds and {b} {len(tb)}; pair the same training seeds")
     n = max(len(ta), len(tb))
     pairs = [paired(ta[i if len(ta) > 1 else 0], tb[i if len(tb) > 1 else 0], column, on) for i in range(n)]
     diffs = np.array([x - y for x, y in pairs])
-    d = stats.two_level_bootstrap(diffs, n_boot=n_boot, seed=seed)
+    unit_range = all(((v >= 0) & (v <= 1)).all() for p in pairs for v in p)   # 0/1 outcomes or scores in [0, 1]
+    d = stats.two_level_bootstrap(diffs, n_boot=n_boot, seed=seed, bounds=(-1, 1) if unit_range else None)
     per_seed = diffs.mean(axis=1)
     health_text = failed_text((a, b), records, unit)
     return {"pair": f"{a} - {b}", "difference": d[0], "ci95": d.interval, "seeds": n, "questions": diffs.shape[1],
@@ -165,7 +167,7 @@ def compare(a: str, b: str, tables: dict, records: dict, column: str = "correct"
             "probability_of_improvement": stats.probability_of_improvement([x.mean() for x, _ in pairs[:len(ta)]],
                                                                           [y.mean() for _, y in pairs[:len(tb)]]),
             "failed": [x for x in (a, b) if not all(r["healthy"] for r in by_seed(records[x]))],
-            "basis": {"interval": (d[1], d[2]), "estimate": d[0], "seed_differences": [float(x) for x in per_seed],
+            "basis": {"interval": d.interval, "estimate": d[0], "seed_differences": [float(x) for x in per_seed],
                       "health": health_text, **({} if unit == "seed" else {"unit": unit}),
                       **({} if d.question_variance is None else {"question_variance": d.question_variance})}}
 

@@ -110,7 +110,8 @@ def gain_table(base: dict, runs: list, n_boot: int = 2000, seed: int = 0) -> pd.
     for k, step in enumerate([0] + [r["step"] for r in evals[0]]):
         points = [base] * len(evals) if step == 0 else [e[k - 1] for e in evals]
         correct = np.array([r["eval_correct"] for r in points], float)  # (seeds, problems)
-        d, lo, hi = stats.two_level_bootstrap(correct - b, n_boot=n_boot, seed=config.derive_seed(seed, "yardstick-gain", step))
+        d, lo, hi = stats.two_level_bootstrap(correct - b, n_boot=n_boot, seed=config.derive_seed(seed, "yardstick-gain", step),
+                                              bounds=(-1, 1))
         out.append({"step": step, "seeds": len(points), "n": correct.shape[1], "accuracy": float(correct.mean()),
                     "strict": float(np.mean([r["eval_strict_correct"] for r in points])),
                     "tokens": float(np.mean([r["eval_tokens"] for r in points])),

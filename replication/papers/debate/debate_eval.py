@@ -87,8 +87,8 @@ def protocol_accuracy(judged, seed: int = 0) -> dict:
     h = np.array([hits(j["p_correct"]) for j in judged])
     out = {**accuracy(judged[0]["p_correct"]), "draws": len(judged), "per_draw": [float(x) for x in h.mean(1)]}
     if len(judged) > 1:
-        p, lo, hi = stats.two_level_bootstrap(h, seed=seed)
-        out.update(accuracy=p, ci95=[lo, hi], mean_p_correct=float(np.mean([j["p_correct"] for j in judged])))
+        r = stats.two_level_bootstrap(h, seed=seed, bounds=(0, 1))
+        out.update(accuracy=r[0], ci95=r.interval, mean_p_correct=float(np.mean([j["p_correct"] for j in judged])))
     return out
 
 

@@ -115,11 +115,12 @@ def share(s: dict) -> str:
     return f"{s['mean']:.0%} [{s['ci95'][0]:.0%}, {s['ci95'][1]:.0%}]"
 
 
-def _over_seeds(values, n_boot: int, seed: int, unit: str = "questions") -> dict:
+def _over_seeds(values, n_boot: int, seed: int, unit: str = "questions", bounds=(0, 1)) -> dict:
     """The mean of a seeds x items array with its two-level 95% interval (stats.two_level_bootstrap: seeds, then items
-    within a seed), each seed's mean, and n as '3 seeds x 200 questions'."""
+    within a seed) kept inside `bounds` (an accuracy or share: 0 to 1), each seed's mean, and n as '3 seeds x 200
+    questions'."""
     x = np.asarray(values, float)
-    r = stats.two_level_bootstrap(x, n_boot=n_boot, seed=seed)
+    r = stats.two_level_bootstrap(x, n_boot=n_boot, seed=seed, bounds=bounds)
     k = x.shape[0]
     return {"mean": r[0], "ci95": r.interval, "per_seed": [float(v) for v in x.mean(axis=1)],
             "n": f"{k} seed{'s' if k > 1 else ''} x {x.shape[1]} {unit}"}
@@ -139,7 +140,7 @@ def agreement_over_seeds(judged, n_boot: int = 1000, seed: int = 0) -> dict:
     per_seed = [judge_summary(j) for j in judged]
     above = [((j["score"] >= mae.AGREEMENT_CUT) == j["correct"].astype(bool)).to_numpy(float) - s["majority_baseline"]
              for j, s in zip(judged, per_seed)]
-    return {"per_seed": per_seed, "above_baseline": _over_seeds(above, n_boot, seed)}
+    return {"per_seed": per_seed, "above_baseline": _over_seeds(above, n_boot, seed, bounds=(-1, 1))}
 
 
 def proposal_shares(results, n_boot: int = 1000, seed: int = 0) -> dict:

@@ -84,9 +84,10 @@ def signal(rated_by_judge, n_boot: int = 1000, seed: int = 0) -> dict:
     problems'."""
     rated = list(rated_by_judge)
     gaps = np.stack([pass_gaps(r) for r in rated])
-    gap = stats.two_level_bootstrap(gaps, n_boot=n_boot, seed=seed)
+    gap = stats.two_level_bootstrap(gaps, n_boot=n_boot, seed=seed, bounds=(-1, 1))
     units = [[r["quality"].to_numpy(float), r["well_posed"].to_numpy(bool)] for r in rated]
-    auc = stats.nested_bootstrap(stats.auc, units, [r["problem"].to_numpy() for r in rated], n_boot=n_boot, seed=seed)
+    auc = stats.nested_bootstrap(stats.auc, units, [r["problem"].to_numpy() for r in rated], n_boot=n_boot, seed=seed,
+                                 bounds=(0, 1))
     k = len(rated)
     return {"pass_well_posed": [float(r.loc[r["well_posed"], "passes"].mean()) for r in rated],
             "pass_degraded": [float(r.loc[~r["well_posed"], "passes"].mean()) for r in rated],

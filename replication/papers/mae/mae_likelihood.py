@@ -61,7 +61,7 @@ def signal(judged, n_boot: int = 1000, seed: int = 0) -> dict:
     judged = list(judged)
     units = [[j["score"].to_numpy(float), j["correct"].to_numpy(bool)] for j in judged]
     groups = [j["qid"].to_numpy() if "qid" in j else np.arange(len(j)) for j in judged]
-    r = stats.nested_bootstrap(stats.auc, units, groups, n_boot=n_boot, seed=seed)
+    r = stats.nested_bootstrap(stats.auc, units, groups, n_boot=n_boot, seed=seed, bounds=(0, 1))
     k, n = len(judged), len(judged[0]) if judged else 0
     return {"auc": r[0], "ci95": r.interval, "per_seed": [stats.auc(*u) for u in units],
             "mean_score_right": [float(j.loc[j["correct"].astype(bool), "score"].mean()) for j in judged],

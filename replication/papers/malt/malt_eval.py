@@ -97,9 +97,9 @@ def rate_interval(hits, n_boot: int = 2000, seed: int = 0) -> dict:
     """The mean of a seeds x questions 0/1 array with its 95% interval: Wilson's (stats.proportion_ci) for one run,
     the two-level bootstrap (seeds, then questions) over several seeds; and each seed's mean."""
     hits = np.asarray(hits, float)
-    p, lo, hi = (stats.proportion_ci(int(hits.sum()), hits.size) if len(hits) == 1
-                 else stats.two_level_bootstrap(hits, n_boot=n_boot, seed=seed))
-    return {"rate": p, "ci95": [lo, hi], "per_seed": [float(x) for x in hits.mean(1)]}
+    r = (stats.proportion_ci(int(hits.sum()), hits.size) if len(hits) == 1
+         else stats.two_level_bootstrap(hits, n_boot=n_boot, seed=seed, bounds=(0, 1)))
+    return {"rate": r[0], "ci95": r.interval if isinstance(r, stats.Estimate) else [r[1], r[2]], "per_seed": [float(x) for x in hits.mean(1)]}
 
 
 def accuracy_summary(rows, votes: int, n_boot: int = 2000, seed: int = 0) -> dict:
