@@ -63,17 +63,25 @@ def test_a_claim_is_a_short_sentence_with_its_setting_in_its_own_fields(runs):
     assert list(run.claims_table().columns[:3]) == ["claim", "task", "judge"]
 
 
+def _committed_claims(field: str):
+    """([(notebook, claims)] of the committed metrics whose claims carry `field`, [the notebooks whose do not])."""
+    current, older = [], []
+    for path in sorted((config.ROOT / "figures/metrics").glob("*.json")):
+        claims = json.loads(path.read_text())["claims"]
+        if claims and field not in claims[0]:
+            older.append(path.stem)
+        else:
+            current.append((path.stem, claims))
+    return current, older
+
+
 def test_committed_claims_are_short_sentences_with_their_setting_in_columns():
     """Every committed claim made by today's run.claim (its record has the setting's fields) has a label of at most
     90 characters without bracketed qualifiers; notebooks whose committed metrics predate the fields are named."""
-    older = []
-    for path in sorted((config.ROOT / "figures/metrics").glob("*.json")):
-        claims = json.loads(path.read_text())["claims"]
-        if claims and "task" not in claims[0]:
-            older.append(path.stem)
-            continue
+    current, older = _committed_claims("task")
+    for stem, claims in current:
         for c in claims:
-            assert len(c["claim"]) <= workbook.CLAIM_LIMIT and "[" not in c["claim"], (path.stem, c["claim"])
+            assert len(c["claim"]) <= workbook.CLAIM_LIMIT and "[" not in c["claim"], (stem, c["claim"])
     if older:
         pytest.skip(f"committed metrics made before the task/judge fields (re-executed from the store next): {older}")
 
@@ -84,21 +92,18 @@ def test_committed_intervals_stay_inside_what_their_quantities_can_be():
     notebooks whose committed metrics predate the bounds are named."""
     import re
 
-    older, percent = [], re.compile(r"(-?\d+(?:\.\d+)?)%? \[(-?\d+(?:\.\d+)?)%?(?: \(clipped\))?, (-?\d+(?:\.\d+)?)%?")
-    for path in sorted((config.ROOT / "figures/metrics").glob("*.json")):
-        claims = json.loads(path.read_text())["claims"]
-        if claims and "bounds" not in claims[0]:
-            older.append(path.stem)
-            continue
+    percent = re.compile(r"(-?\d+(?:\.\d+)?)%? \[(-?\d+(?:\.\d+)?)%?(?: \(clipped\))?, (-?\d+(?:\.\d+)?)%?")
+    current, older = _committed_claims("bounds")
+    for stem, claims in current:
         for c in claims:
             if c.get("bounds") and c.get("interval"):
                 lo, hi = c["bounds"]
-                assert lo <= c["interval"][0] <= c["interval"][1] <= hi, (path.stem, c["claim"], c["interval"])
+                assert lo <= c["interval"][0] <= c["interval"][1] <= hi, (stem, c["claim"], c["interval"])
             for m in percent.finditer(c["measured"]):
                 if f"{m.group(1)}%" in c["measured"][m.start():m.end()]:
                     ends = (m.group(2), m.group(3))   # '-0%' is an end below 0 that rounded
                     assert not any(e.startswith("-") for e in ends) and 0 <= float(ends[0]) <= float(ends[1]) <= 100, \
-                        (path.stem, c["claim"], m.group(0))
+                        (stem, c["claim"], m.group(0))
     if older:
         pytest.skip(f"committed metrics made before intervals knew their bounds (re-executed next): {older}")
 
