@@ -141,9 +141,10 @@ def test_probe_summary_over_seeds_with_intervals_and_the_comparison_with_the_unt
     assert u["fixed_rate"] == {"rate": 0.0, "ci95": list(stats.proportion_ci(0, 3)[1:]), "per_seed": [0.0]}   # Wilson
     assert (t["fixed"], t["broken"], t["n"]) == (3, 1, "2 seeds x 3 questions")
     fixed = np.array([[1, 1, 0], [1, 0, 0]], float)
-    assert t["fixed_rate"]["ci95"] == list(stats.two_level_bootstrap(fixed, n_boot=300, seed=1)[1:])
+    assert t["fixed_rate"]["ci95"] == list(stats.two_level_bootstrap(fixed, n_boot=300, seed=1, bounds=(0, 1))[1:])
+    assert t["fixed_rate"]["ci95"][0] == 0.0   # a rate's interval stays inside [0, 1] (unclipped it reaches below 0)
     net = fixed - np.array([[0, 0, 0], [0, 1, 0]])
-    assert (t["net"], *t["ci95"]) == stats.two_level_bootstrap(net, n_boot=300, seed=1)
+    assert (t["net"], *t["ci95"]) == stats.two_level_bootstrap(net, n_boot=300, seed=1, bounds=(-1, 1))
     assert t["per_seed"] == pytest.approx([2 / 3, 0.0])
     gain = out["trained - untrained"]["fixed"]                                # paired by question, untrained with each seed
     assert gain["difference"] == pytest.approx(0.5) and gain["per_seed"] == pytest.approx([2 / 3, 1 / 3])

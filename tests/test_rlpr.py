@@ -499,10 +499,10 @@ def test_health_check_and_arm_records():
     tables = {"rlpr": good, "rlvr": good, "base": base}
     vs_base = arms.compare("rlpr", "base", tables, records, n_boot=200)
     assert vs_base["pair"] == "rlpr - base" and vs_base["n"] == "1 seed x 100 questions"
-    assert vs_base["basis"] == {"interval": tuple(vs_base["ci95"]), "estimate": pytest.approx(0.2),
+    assert vs_base["basis"] == {"interval": list(vs_base["ci95"]), "estimate": pytest.approx(0.2),
                                 "seed_differences": [pytest.approx(0.2)], "health": None}
     measured = arms.compare("rlpr", "rlvr", tables, records, n_boot=200)   # a failed arm is still measured
-    assert measured["basis"]["health"] == "failed health check: rlvr (learned)" and measured["basis"]["interval"] == (0.0, 0.0)
+    assert measured["basis"]["health"] == "failed health check: rlvr (learned)" and measured["basis"]["interval"] == [0.0, 0.0]
     seeds = {"rlpr": [good, good.assign(correct=[True] * 50 + [False] * 50)], "rlvr": [good, good], "base": base}
     per_seed = {"rlpr": [rec, rec], "rlvr": [records["rlvr"], rec], "base": records["base"]}
     two = arms.compare("rlpr", "rlvr", seeds, per_seed, n_boot=200)

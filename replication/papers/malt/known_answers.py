@@ -85,7 +85,7 @@ def summary(probe, variants, records: dict, n_boot: int = 2000, seed: int = 0) -
         arrays[name] = {k: np.array([o[k] for o in per]) for k in per[0]}
         a = arrays[name]
         net = a["fixed"] - a["broken"]
-        r = stats.two_level_bootstrap(net, n_boot=n_boot, seed=seed)
+        r = stats.two_level_bootstrap(net, n_boot=n_boot, seed=seed, bounds=(-1, 1))   # a difference of rates
         out[name] = {**{f"{k}_rate": malt_eval.rate_interval(a[k], n_boot, seed) for k in ("fixed", "broken", "kept_wrong", "kept_right")},
                      "fixed": int(a["fixed"].sum()), "broken": int(a["broken"].sum()), "net": r[0], "ci95": r.interval,
                      "per_seed": [float(x) for x in net.mean(1)], "seeds": len(per), "questions": net.shape[1],
