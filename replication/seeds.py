@@ -45,20 +45,43 @@ def cell(plan: dict) -> str:
     return " ".join(f"{SHORT[k]} {_chance(plan[k])}" for k in power.OUTCOMES) + f"; same {_chance(plan['same'])}"
 
 
+AT = (5, 10)   # besides a row's own number of seeds or draws, the rerun cell plans for these
+
+
+def _with_span(plan, span) -> str:
+    """'0.55 (0.21-0.93)': a chance with its range in brackets, the brackets left out where they add nothing."""
+    return _chance(plan) + ("" if _chance(span) == _chance(plan) else f" ({_chance(span)})")
+
+
 def rerun(claim: dict, sims: int = 2000, seed: int = 0, full: bool = False):
-    """A ledger row's chance of each verdict if it were run again with as many seeds (or draws), its measured
-    difference and seed spread taken as the truth (core.power.project): 'R 0.55 I 0.45' (the verdicts with a chance
-    of 0.005 or more), or with full=True every verdict in words and two runs' chance of agreeing. None for a row not
-    over two or more seeds or draws."""
+    """A ledger row's chance of each verdict if it were run again, with as many seeds (or draws) and with 5 and 10
+    (AT; those above its own), its measured difference taken as the truth and its seed SD at the measured value
+    (the chance) and across the 90% interval that so few seeds leave it (the range in brackets; core.power.project,
+    spans=True). The cell: 'R 0.55 (0.21-0.93) I 0.45 (0.07-0.79) · at 5: R 0.72 (0.30-0.97) · at 10: ...', every
+    verdict with a chance of 0.005 or more at its own number and the likeliest at the others; full=True: every
+    verdict in words at each number, and two runs' chance of agreeing at its own. None for a row not over two or
+    more seeds or draws."""
     n = len(claim.get("seed_differences") or [])
     if n < 2 or claim.get("interval") is None or not all(math.isfinite(x) for x in claim["interval"]):
         return None
-    plan = power.project(claim, (n,), sims=sims, seed=seed)["plans"][n]
+    counts = (n, *[s for s in AT if s > n])
+    p = power.project(claim, counts, sims=sims, seed=seed, spans=True)
     if full:
-        return (", ".join(f"{k} {_chance(plan[k])}" for k in power.OUTCOMES) + f"; two such runs agree "
-                f"{_chance(plan['same'])} (with {n} seeds or draws; the measured difference and seed SD taken as the "
-                "truth: `python -m replication seeds`)")
-    return " ".join(f"{SHORT[k]} {_chance(plan[k])}" for k in power.OUTCOMES if plan[k][1] >= 0.005)
+        unit = "draws" if "draw" in str(claim.get("n") or "") else "seeds"
+        lo, hi = p["sd_range"]
+        parts = [f"with its {n} {unit}: " + ", ".join(f"{k} {_with_span(p['plans'][n][k], p['spans'][n][k])}"
+                                                      for k in power.OUTCOMES)
+                 + f"; two such runs agree {_chance(p['plans'][n]['same'])}"]
+        parts += [f"with {s}: " + ", ".join(f"{k} {_with_span(p['plans'][s][k], p['spans'][s][k])}"
+                                           for k in power.OUTCOMES) for s in counts[1:]]
+        return ("; ".join(parts) + f" (the measured difference {p['estimate']:+.3g} taken as the truth, the seed SD "
+                f"{p['seed_sd']:.3g} as measured and, in brackets, from {lo:.2g} to {hi:.2g}, its 90% interval from "
+                f"{n} {unit}: `python -m replication seeds`)")
+    own = " ".join(f"{SHORT[k]} {_with_span(p['plans'][n][k], p['spans'][n][k])}" for k in power.OUTCOMES
+                   if p["plans"][n][k][1] >= 0.005)
+    more = [f"at {s}: {SHORT[k]} {_with_span(p['plans'][s][k], p['spans'][s][k])}"
+            for s in counts[1:] for k in [max(power.OUTCOMES, key=lambda k: sum(p["plans"][s][k]))]]
+    return " · ".join([own, *more])
 
 
 def markdown(table, seeds, width: int = 70) -> str:

@@ -140,13 +140,41 @@ def test_ledger_rows_over_seeds_say_how_a_rerun_would_read():
     assert 0.2 < plan["inconclusive"][0] and 0.2 < plan["reproduced"][0]
     assert report._cell(edge, "rerun") == seeds.rerun(edge) and report._cell(edge, "rerun").startswith("R 0.")
     assert " I 0." in report._cell(edge, "rerun") and " N " not in report._cell(edge, "rerun")
-    assert report._cell(far, "rerun") == "R 1.00"
+    assert report._cell(far, "rerun").startswith("R 1.00")
     assert report._cell(single, "rerun") == "-" and report._cell(claim_row("x", "reproduced", None), "rerun") == "-"
     full = report.ledger_md([edge, single], "default")
-    assert full.count("- **a rerun reads**: reproduced 0.") == 1 and "two such runs agree 0." in full
+    assert full.count("- **a rerun reads**: with its 3 seeds: reproduced 0.") == 1 and "two such runs agree 0." in full
     assert "- **rerun**" not in full
     page = report.ledger_html([edge])
     assert "<th>rerun</th>" in page and f"<td>{seeds.rerun(edge)}</td>" in page
+
+
+def test_the_rerun_cell_plans_for_5_and_10_seeds_and_carries_the_uncertainty_of_the_seed_sd():
+    """Beside the chances at the row's own seeds, the cell gives the likeliest verdict at 5 and 10, and each chance
+    with its range over the seed SD's 90% interval (from three seeds, about 0.58x to 4.4x): a boundary row's
+    `reproduced` ranges widely, and more seeds make it likelier at the measured SD."""
+    from replication import seeds
+    from replication.core import power
+
+    edge = claim_row("edge", "reproduced", [0.010, 0.170], estimate=0.09, seed_differences=[0.045, 0.13, 0.095])
+    p = power.project(edge, (3, 5, 10), spans=True)
+    lo, hi = p["sd_range"]
+    assert lo < 0.6 * p["seed_sd"] and hi > 4 * p["seed_sd"]
+    for s in (3, 5, 10):
+        for k in power.OUTCOMES:   # the range holds the chance at the measured SD
+            assert p["spans"][s][k][0] <= p["plans"][s][k][0] <= p["plans"][s][k][1] <= p["spans"][s][k][1]
+    assert p["spans"][3]["reproduced"][1] - p["spans"][3]["reproduced"][0] > 0.4
+    assert p["plans"][10]["reproduced"][0] > p["plans"][3]["reproduced"][1]
+    cell = seeds.rerun(edge)
+    own, at5, at10 = cell.split(" · ")
+    assert own.startswith("R 0.") and "(" in own and " I 0." in own
+    assert at5.startswith("at 5: R ") and at10.startswith("at 10: R ")
+    five = claim_row("five", "reproduced", [0.05, 0.13], estimate=0.09,
+                     seed_differences=[0.045, 0.13, 0.095, 0.08, 0.1])
+    assert [part.split(":")[0] for part in seeds.rerun(five).split(" · ")[1:]] == ["at 10"]
+    full = seeds.rerun(edge, full=True)
+    assert full.startswith("with its 3 seeds: reproduced 0.") and "; with 5: " in full and "; with 10: " in full
+    assert f"from {lo:.2g} to {hi:.2g}, its 90% interval from 3 seeds" in full
 
 
 def test_an_index_written_before_the_rerun_column_keeps_its_rows_aligned(tmp_path):

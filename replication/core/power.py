@@ -82,11 +82,16 @@ def sd_range(seed_sd: float, n_seeds: int, level: float = 0.9):
             float(seed_sd * np.sqrt(k / chi2.ppf((1 - level) / 2, k))))
 
 
-def project(claim: dict, seeds=(3, 5, 10, 20), sims: int = 2000, seed: int = 0) -> dict:
+def project(claim: dict, seeds=(3, 5, 10, 20), sims: int = 2000, seed: int = 0, spans: bool = False) -> dict:
     """A ledger row's plan: for each number of seeds, each chance of verdict_chances as (low, high) over the question
     parts: the row's recorded `question_variance` where it has one, else those its interval fits
     (question_variances; one value gives low == high). The row needs `interval`, `seed_differences` (two or more),
-    `estimate`, `direction`, `null` and `effect` as the metrics record them."""
+    `estimate`, `direction`, `null` and `effect` as the metrics record them.
+
+    spans=True adds `spans`: for each number of seeds, each chance as (low, high) over the question parts and over
+    the seed SD at the measured value and at the two ends of its 90% interval (`sd_range`), which carries the
+    uncertainty of a spread measured from a few seeds into the plan (the chances at those three SDs; a chance that
+    peaks in between is not searched for)."""
     diffs = np.asarray(claim.get("seed_differences") or [], dtype=float)
     if diffs.size < 2 or claim.get("interval") is None:
         raise ValueError("the claim needs an interval and two or more seed_differences to project")
@@ -99,5 +104,14 @@ def project(claim: dict, seeds=(3, 5, 10, 20), sims: int = 2000, seed: int = 0) 
         runs = [verdict_chances(est, sd, v, s, claim.get("direction", 1), claim.get("null", 0.0), claim.get("effect"),
                                 sims=sims, seed=config.derive_seed(seed, "power", s, k)) for k, v in enumerate(parts)]
         plans[s] = {k: (min(r[k] for r in runs), max(r[k] for r in runs)) for k in runs[0]}
-    return {"estimate": est, "seed_sd": sd, "sd_range": sd_range(sd, diffs.size), "question_variances": parts,
-            "seeds_now": int(diffs.size), "plans": plans}
+    out = {"estimate": est, "seed_sd": sd, "sd_range": sd_range(sd, diffs.size), "question_variances": parts,
+           "seeds_now": int(diffs.size), "plans": plans}
+    if spans:
+        out["spans"] = {}
+        for s in seeds:
+            runs = [verdict_chances(est, x, v, s, claim.get("direction", 1), claim.get("null", 0.0),
+                                    claim.get("effect"), sims=sims, seed=config.derive_seed(seed, "power", s, k, "sd", j))
+                    for j, x in enumerate(out["sd_range"]) for k, v in enumerate(parts)]
+            out["spans"][s] = {k: (min(plans[s][k][0], *(r[k] for r in runs)), max(plans[s][k][1], *(r[k] for r in runs)))
+                               for k in plans[s]}
+    return out
