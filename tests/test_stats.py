@@ -82,18 +82,6 @@ def test_auc_edge_cases():
 
 # ---- paired 0/1 outcomes and judges --------------------------------------------------------------------
 
-def test_mcnemar_counts_discordant_pairs():
-    before = [0] * 8 + [1] + [1] * 5 + [0] * 6
-    after = [1] * 8 + [0] + [1] * 5 + [0] * 6
-    out = stats.mcnemar(before, after)
-    assert out["gained"] == 8 and out["lost"] == 1
-    assert out["p_value"] == pytest.approx(2 * (1 + 9) / 2**9)  # exact two-sided binomial on 9 discordant pairs
-    assert out["change"] == pytest.approx(7 / 20)
-    assert stats.mcnemar([1, 0], [1, 0])["p_value"] == 1.0
-    with pytest.raises(ValueError, match="equally long"):
-        stats.mcnemar([1, 0], [1])
-
-
 def test_agreement_on_a_known_case():
     out = stats.agreement([0.9, 0.2, 0.7, 0.4], [1, 0, 0, 1], cut=0.5)
     assert out["n"] == 4 and out["agreement"] == 0.5 and out["majority_baseline"] == 0.5

@@ -1,4 +1,4 @@
-"""The workbook's statistics, once: proportion intervals, the bootstrap, AUC/ROC, McNemar, agreement, win rates.
+"""The workbook's statistics, once: proportion intervals, the bootstrap, AUC/ROC, agreement, win rates.
 
 Every interval is a 95% interval unless `alpha` says otherwise. Differences are always (a - b).
 """
@@ -258,18 +258,6 @@ def within_auc(scores, labels, groups) -> float:
 
 
 # ---- paired 0/1 outcomes and judges ----------------------------------------------------------------
-
-def mcnemar(before, after) -> dict:
-    """Exact McNemar test on paired 0/1 outcomes (a binomial test on the discordant pairs)."""
-    from scipy.stats import binomtest
-
-    b, a = np.asarray(before, bool), np.asarray(after, bool)
-    if b.shape != a.shape:
-        raise ValueError("before and after must be equally long (the same items)")
-    gained, lost = int(np.sum(~b & a)), int(np.sum(b & ~a))
-    p = binomtest(gained, gained + lost, 0.5).pvalue if gained + lost else 1.0
-    return {"gained": gained, "lost": lost, "change": float(a.mean() - b.mean()), "p_value": float(p)}
-
 
 def agreement(scores, correct, cut: float = 0.5) -> dict:
     """How well judge scores track a verifier: agreement of (score >= cut) with correctness (Wilson 95%),
