@@ -197,13 +197,7 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
              *forest_lines, "## Claims ledger", "",
              "Long cells are cut short; click a claim for its full entry ([ledger.md](ledger.md)). `source`: whether "
              "a real-model claim's cached results were read from the committed results store (`results/default/`) "
-             "or computed now (simulation and arithmetic rows are always computed now). `rerun`: for a "
-             "comparison over seeds or draws, the chance of each verdict (R reproduced, P partly, I inconclusive, "
-             "N not reproduced) if it were run again with as many, then the likeliest verdict at 5 and at 10, its "
-             "measured difference and seed spread taken as the truth; in brackets, the range of each chance while "
-             "the seed spread runs over its 90% interval (from three seeds, 0.58x to 4.4x the measured one). How "
-             "to read it: `R 0.55 (0.07-0.89)` is a coin flip whose odds the three seeds cannot pin down; "
-             "`at 10: R 0.95` says ten seeds would most likely settle it (`python -m replication seeds`).", "",
+             "or computed now (simulation and arithmetic rows are always computed now). " + seeds.RERUN_HELP, "",
              "| " + " | ".join(head) + " |",
              "|" + "---|" * len(LEDGER_COLUMNS), *(rows["claims"] or ["| (no claims recorded yet) |" + " |" * (len(LEDGER_COLUMNS) - 1)]),
              "", "## Figures", "", "| figure | notebook | caption |", "|---|---|---|", *rows["figures"],

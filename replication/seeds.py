@@ -46,6 +46,11 @@ def cell(plan: dict) -> str:
 
 
 AT = (5, 10)   # besides a row's own number of seeds or draws, the rerun cell plans for these
+RERUN_HELP = ("`rerun`: a comparison over seeds or draws run again with as many, then with 5 and 10: the chance of "
+              "each verdict (R reproduced, P partly, I inconclusive, N not reproduced), its measured difference and "
+              "seed spread taken as the truth, in brackets while the spread runs over its 90% interval (0.58x-4.4x "
+              "from three seeds). `R 0.55 (0.07-0.89)`: a coin flip that three seeds cannot pin down; `at 10: R "
+              "0.95`: ten seeds would likely settle it (`python -m replication seeds`).")
 
 
 def _with_span(plan, span) -> str:

@@ -64,6 +64,25 @@ def _check(name: str, value, kind, rule: dict) -> None:
             raise ValueError(f"{name}={value!r} is not allowed; use {allowed}")
 
 
+MODEL = p()  # a model name known to replication.lm.models or a local checkpoint folder
+# where models run: CUDA when available (auto), the CPU, or a CUDA device (replication.lm.models.use_device)
+DEVICE = p(pattern=(r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N"))
+# a sampling or update precision: auto (bf16 where the device has bf16 kernels, else fp32; workbook.start resolves
+# it, replication.lm.models.resolve_dtype), float32 or bfloat16
+DTYPES = ("auto", "float32", "bfloat16")
+DTYPE = p(choices=DTYPES)
+
+
+def temperature_rule():
+    """The rule of a sampling temperature (a field of its own each time: dataclasses name the field they are given)."""
+    return p(low=0.01, high=2.0)
+
+
+def lr_rule():
+    """The rule of a learning rate."""
+    return p(low=0.0, high=0.1)
+
+
 @dataclass
 class Params:
     """Fields every notebook has; subclasses add theirs and may override `check` for cross-field rules."""
@@ -91,13 +110,26 @@ class Params:
             raise ValueError(f"{name}={getattr(self, name)!r} is not allowed; it must be <= {what} = {limit}")
 
 
-MODEL = p()  # a model name known to replication.lm.models or a local checkpoint folder
-# where models run: CUDA when available (auto), the CPU, or a CUDA device (replication.lm.models.use_device)
-DEVICE = p(pattern=(r"auto|cpu|cuda(:\d+)?", "auto, cpu, cuda or cuda:N"))
-# a sampling or update precision: auto (bf16 where the device has bf16 kernels, else fp32; workbook.start resolves
-# it, replication.lm.models.resolve_dtype), float32 or bfloat16
-DTYPES = ("auto", "float32", "bfloat16")
-DTYPE = p(choices=DTYPES)
+@dataclass
+class LM(Params):
+    """Fields every notebook that runs a language model has: the model and where it runs."""
+
+    model: str = MODEL
+    device: str = DEVICE
+
+
+@dataclass
+class Trained(LM):
+    """Fields every notebook that trains has: training seeds (seed, seed + 1, ...), worker processes, worked
+    examples in the prompt, held-out questions (the same for every arm and seed) and the LoRA rank."""
+
+    seeds: int = p()
+    workers: int = p()
+    shots: int = p(minimum=0)
+    n_heldout: int = p()
+    lora_r: int = p()
+
+
 REGISTRY = {}  # notebook stem -> parameter class (filled by replication.settings)
 
 

@@ -2,7 +2,7 @@
 and the story levels and answer readings it chooses among."""
 from dataclasses import dataclass
 
-from replication.core.params import DEVICE, MODEL, Params, notebook, p
+from replication.core.params import LM, notebook, p, temperature_rule
 
 LEVELS = ("absent", "present")  # the distractor absent from the story, or present in a misleading role
 READINGS = ("likelihood", "letter")  # the judge's answer read as each answer's likelihood, or P(A) vs P(B)
@@ -10,9 +10,7 @@ READINGS = ("likelihood", "letter")  # the judge's answer read as each answer's 
 
 @notebook("04_debate_judge_accuracy")
 @dataclass
-class Debate(Params):
-    model: str = MODEL
-    device: str = DEVICE
+class Debate(LM):
     level: str = p(choices=LEVELS)
     reading: str = p(choices=READINGS)
     check_questions: int = p()
@@ -22,7 +20,7 @@ class Debate(Params):
     rounds: int = p()
     word_limit: int = p()
     best_of: int = p()
-    temperature: float = p(low=0.01, high=2.0)
+    temperature: float = temperature_rule()
     seeds: int = p()
     batch_size: int = p()
     verdict_checks: int = p()

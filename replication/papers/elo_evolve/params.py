@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 from typing import Optional
 
-from replication.core.params import DEVICE, DTYPE, MODEL, Params, notebook, p
+from replication.core.params import DTYPE, LM, Trained, lr_rule, notebook, p, temperature_rule
 from replication.lm import tasks
 
 JUDGES = ("likelihood", "quality", "llm")  # Elo-Evolve's training judges (judging.make_judge)
@@ -10,9 +10,7 @@ STATIC_RULES = ("middle", "strongest", "weakest", "nearest")  # how the static a
 
 @notebook("01_noise_analysis")
 @dataclass
-class Noise(Params):
-    model: str = MODEL
-    device: str = DEVICE
+class Noise(LM):
     n_boot: int = p()
     n_sim_datasets: int = p()
     sim_boot: int = p()
@@ -25,7 +23,7 @@ class Noise(Params):
 
 @notebook("02_elo_dynamics")
 @dataclass
-class EloDynamics(Params):
+class EloDynamics(Trained):
     sim_steps: int = p()
     sim_batch: Optional[int] = p()
     sim_group_size: int = p()
@@ -36,22 +34,16 @@ class EloDynamics(Params):
     degrade_step: int = p(minimum=0)
     degrade_to: float = p(low=0.0, high=1e5)
     sliders: bool = p()
-    model: str = MODEL
-    device: str = DEVICE
     level: str = p(choices=tuple(tasks.LEVELS))
-    shots: int = p(minimum=0)
     n_train: int = p()
-    n_heldout: int = p()
-    seeds: int = p()
     train_steps: int = p()
     prompts_per_step: int = p()
     group_size: int = p(minimum=2)
-    rollout_temperature: float = p(low=0.01, high=2.0)
+    rollout_temperature: float = temperature_rule()
     rollout_dtype: str = DTYPE
     max_new_tokens: int = p()
-    lr: float = p(low=0.0, high=0.1)
+    lr: float = lr_rule()
     kl_beta: Optional[float] = p(low=0.0, high=10.0)
-    lora_r: int = p()
     judge: str = p(choices=JUDGES)
     judge_model: Optional[str] = p()
     judge_shots: int = p(minimum=0)
@@ -64,7 +56,6 @@ class EloDynamics(Params):
     train_degrade_step: int = p(minimum=1)
     degrade_with: str = p()
     static_rule: str = p(choices=STATIC_RULES)
-    workers: int = p(minimum=1)
     opponents: dict = p()
 
     def check(self):

@@ -1,7 +1,7 @@
 """Notebook 03's parameters: types, ranges and cross-field rules (the defaults live in its parameters cell)."""
 from dataclasses import dataclass
 
-from replication.core.params import DEVICE, DTYPE, MODEL, Params, notebook, p
+from replication.core.params import DTYPE, Trained, lr_rule, notebook, p
 from replication.lm import tasks
 
 # rlpr_training.VARIANTS' names (that module loads torch; the parameter registry may not)
@@ -10,9 +10,7 @@ VARIANTS = ("rlpr", "rlvr", "oracle", "rlpr_no_debias", "rlpr_no_filter", "rlpr_
 
 @notebook("03_rlpr_debiasing")
 @dataclass
-class RLPR(Params):
-    model: str = MODEL
-    device: str = DEVICE
+class RLPR(Trained):
     n_arithmetic: int = p(minimum=0)
     n_factual: int = p(minimum=0)
     samples: int = p(minimum=2)
@@ -22,21 +20,16 @@ class RLPR(Params):
     batch_size: int = p()
     n_boot: int = p()
     level: str = p(choices=tuple(tasks.LEVELS))
-    shots: int = p(minimum=0)
     styles: list = p(each={"choices": ("digits", "unit", "words")})
     n_train: int = p()
-    n_heldout: int = p()
     steps: int = p()
     prompts_per_step: int = p()
     group_size: int = p(minimum=2)
-    lr: float = p(low=0.0, high=0.1)
-    lora_r: int = p()
+    lr: float = lr_rule()
     warmup_start: int = p(minimum=0)
     warmup_end: int = p()
     max_rollouts: int = p()
     variants: list = p(each={"choices": VARIANTS})
-    seeds: int = p(minimum=1)
-    workers: int = p(minimum=1)
 
     def check(self):
         if self.warmup_end <= self.warmup_start:
