@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from replication.core import config, verdicts
-from replication.forest import short_claim
+from replication.core.fmt import short_claim
 
 NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)*")
 

@@ -11,11 +11,11 @@ at the right is the bar's, in the same direction and units.
 """
 import io
 import math
-import re
 import textwrap
 from pathlib import Path
 
 from replication.core import files
+from replication.core.fmt import short_claim
 
 COLOURS = {"reproduced": "#1b7f3b", "partly": "#1f5fa8", "inconclusive": "#a86b00", "not reproduced": "#b3261e",
            "not tested": "#6b6b6b"}
@@ -27,12 +27,6 @@ UNITS = {"points": ("accuracy, share or win-rate difference (percentage points)"
          "elo": ("Elo points", 1.0),
          "slope": ("slope or correlation", 1.0),
          "ratio": ("ratio (log scale; 1 = no effect)", 1.0)}
-
-
-def short_claim(claim: str) -> str:
-    """A claim without its bracketed task-and-judge qualifiers ("... [2d sums; judge: ...]"), which the ledger keeps:
-    the row label keeps the claim itself."""
-    return re.sub(r"\s*\[[^\]]*\]", "", claim).strip()
 
 
 def unit(c: dict) -> str:

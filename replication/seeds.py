@@ -14,7 +14,7 @@ import sys
 
 from replication.compare import load
 from replication.core import power
-from replication.forest import short_claim
+from replication.core.fmt import short_claim
 
 SHORT = {"reproduced": "R", "partly": "P", "inconclusive": "I", "not reproduced": "N"}
 

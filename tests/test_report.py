@@ -67,6 +67,7 @@ def claim_row(claim, verdict, interval, **kw):
 
 def test_forest_rows_are_in_the_papers_direction_with_seeds_and_effect():
     from replication import forest
+    from replication.core import fmt
 
     claims = [claim_row("up [2d sums; judge: the verifier]", "reproduced", [0.1, 0.3], estimate=0.2,
                         seed_differences=[0.1, 0.2, 0.3], effect=0.28),
@@ -75,7 +76,7 @@ def test_forest_rows_are_in_the_papers_direction_with_seeds_and_effect():
               claim_row("no interval", "reproduced", None)]
     rows = forest.rows(claims)
     assert [r["label"] for r in rows] == ["03 up", "03 down", "03 ratio"]      # claims without an interval are left out,
-    assert forest.short_claim("a - b [x; judge: y] holds [z]") == "a - b holds"  # the qualifiers stay in the ledger
+    assert fmt.short_claim("a - b [x; judge: y] holds [z]") == "a - b holds"  # the qualifiers stay in the ledger
     assert (rows[0]["low"], rows[0]["high"], rows[0]["estimate"], rows[0]["effect"]) == (0.1, 0.3, 0.2, 0.28)
     assert rows[0]["seeds"] == [0.1, 0.2, 0.3] and rows[1]["seeds"] == []     # one seed: no seed dots
     assert rows[1]["low"] == pytest.approx(0.1) and rows[1]["estimate"] == pytest.approx(0.2)   # flipped to the paper's side

@@ -1,4 +1,6 @@
 """Numbers and intervals as text, in one place: table cells, claim texts and the notebooks' prose."""
+import re
+
 import numpy as np
 
 
@@ -45,3 +47,9 @@ def accuracy(v: dict, digits: int = 1, percent_bounds: bool = False) -> str:
     unit = "%" if percent_bounds else ""
     lo, hi = _ends(c, f"{100 * c[0]:.{digits}f}{unit}", f"{100 * c[1]:.{digits}f}{unit}")
     return f"{100 * v['accuracy']:.{digits}f}% [{lo}, {hi}]"
+
+
+def short_claim(claim: str) -> str:
+    """A claim without its bracketed task-and-judge qualifiers ("... [2d sums; judge: ...]"), which the ledger keeps:
+    the row label keeps the claim itself."""
+    return re.sub(r"\s*\[[^\]]*\]", "", claim).strip()
