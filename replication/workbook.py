@@ -78,8 +78,9 @@ class Run:
               matches=None, holds: bool = None, parts: dict = None, not_tested: str = None, task: str = None,
               judge: str = None, model: str = None) -> dict:
         """Add one row to the claims ledger: the paper's number beside ours, the evidence behind it, and the
-        verdict from the one rule (replication.core.verdicts): an interval decides alone; otherwise exactly one of
-        matches=(measured, paper, tolerance), holds=<a checked condition>, parts={...} or not_tested=<reason>.
+        verdict from the one rule (replication.core.verdicts): an interval decides alone, unless matches=(measured,
+        paper, tolerance) or parts={...} is given too, which then decides (the interval is shown beside it); without an
+        interval exactly one of matches=, holds=<a checked condition>, parts= or not_tested=<reason>.
 
         A training comparison (lm.arms.compare's `basis`) also passes its estimate, its per-seed differences (one
         seed: at most 'inconclusive', qualified 'one run'; 'one draw' with unit='draw'), `health`, a failed

@@ -1,6 +1,6 @@
 """How many seeds a comparison needs (replication.core.power) and the command that plans a ledger's rows
 (replication.seeds): the simulation against statsmodels' and scipy's closed forms, the question part read back from a
-recorded interval, and the rule's every-seed clause at many seeds."""
+recorded interval, and why the rule dropped its every-seed clause (more seeds made 'reproduced' rarer)."""
 import json
 import math
 

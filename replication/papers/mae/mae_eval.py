@@ -116,9 +116,9 @@ def share(s: dict) -> str:
 
 
 def _over_seeds(values, n_boot: int, seed: int, unit: str = "questions", bounds=(0, 1)) -> dict:
-    """The mean of a seeds x items array with its two-level 95% interval (stats.two_level_bootstrap: seeds, then items
-    within a seed) kept inside `bounds` (an accuracy or share: 0 to 1), each seed's mean, and n as '3 seeds x 200
-    questions'."""
+    """The mean of a seeds x items array with its two-level 95% interval (stats.two_level_bootstrap: a t interval
+    between the seeds' means joined with a bootstrap of the items) kept inside `bounds` (an accuracy or share: 0 to 1),
+    each seed's mean, and n as '3 seeds x 200 questions'."""
     x = np.asarray(values, float)
     r = stats.two_level_bootstrap(x, n_boot=n_boot, seed=seed, bounds=bounds)
     k = x.shape[0]

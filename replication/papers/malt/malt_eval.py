@@ -95,7 +95,8 @@ def outcomes(rows, variant: str, vote: bool = False) -> np.ndarray:
 
 def rate_interval(hits, n_boot: int = 2000, seed: int = 0) -> dict:
     """The mean of a seeds x questions 0/1 array with its 95% interval: Wilson's (stats.proportion_ci) for one run,
-    the two-level bootstrap (seeds, then questions) over several seeds; and each seed's mean."""
+    over several seeds stats.two_level_bootstrap's (a t interval between the seeds' means joined with a bootstrap of
+    the questions); and each seed's mean."""
     hits = np.asarray(hits, float)
     r = (stats.proportion_ci(int(hits.sum()), hits.size) if len(hits) == 1
          else stats.two_level_bootstrap(hits, n_boot=n_boot, seed=seed, bounds=(0, 1)))
@@ -168,8 +169,8 @@ def flip_table(rows, variants, n_boot: int = 2000, seed: int = 0) -> dict:
     """Per variant: how the verifier and refiner change the generator's answer (flips: counts summed over training
     seeds, shown but not tested, since a seed's chains and a question's votes are not independent) and the net
     change in accuracy (final minus first answer): each seed's mean over its questions' chains (per_seed) and a 95%
-    interval with the seed as the unit (stats.two_level_bootstrap: between seeds, then questions, a question's chains
-    kept together), the test the ledger reads."""
+    interval with the seed as the unit (stats.two_level_bootstrap: a t interval between the seeds' means joined with a
+    bootstrap of the questions, a question's chains kept together), the test the ledger reads."""
     out = {}
     for name in variants:
         per = seed_chains(rows, name)
