@@ -4,8 +4,14 @@ from dataclasses import dataclass
 from replication.core.params import DTYPE, Trained, lr_rule, notebook, p
 from replication.lm import tasks
 
-# rlpr_training.VARIANTS' names (that module loads torch; the parameter registry may not)
-VARIANTS = ("rlpr", "rlvr", "oracle", "rlpr_no_debias", "rlpr_no_filter", "rlpr_per_step_r_prime")
+# The arms of notebook 03, read by everything that needs them (this module loads no torch, so the parameter registry
+# can read it): variant -> (reward kind, r' (None: not debiased; "initial": the authors', scored once by the initial
+# policy; "per_step": scored under the policy of each step), std filter). A new arm is one entry here (and a reward
+# kind in rlpr.Reward if it needs a new one).
+VARIANTS = {"rlpr": ("probability", "initial", True), "rlvr": ("verifier", None, False),
+            "oracle": ("oracle", None, False), "rlpr_no_debias": ("probability", None, True),
+            "rlpr_no_filter": ("probability", "initial", False),
+            "rlpr_per_step_r_prime": ("probability", "per_step", True)}
 
 
 @notebook("03_rlpr_debiasing")
@@ -29,7 +35,7 @@ class RLPR(Trained):
     warmup_start: int = p(minimum=0)
     warmup_end: int = p()
     max_rollouts: int = p()
-    variants: list = p(each={"choices": VARIANTS})
+    variants: list = p(each={"choices": tuple(VARIANTS)})
 
     def check(self):
         if self.warmup_end <= self.warmup_start:

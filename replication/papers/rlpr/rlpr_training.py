@@ -18,14 +18,9 @@ import torch
 from replication.core import config, stats
 from replication.lm import arms, grpo, loop, models, parallel, tasks
 from . import answers
+from .params import VARIANTS   # the arms, in one table
 from .rlpr import Reward, initial_baseline
 
-# variant -> (reward kind, r' (None: not debiased; "initial": the authors', scored once by the initial policy;
-# "per_step": scored under the policy of each step), std filter)
-VARIANTS = {"rlpr": ("probability", "initial", True), "rlvr": ("verifier", None, False),
-            "oracle": ("oracle", None, False), "rlpr_no_debias": ("probability", None, True),
-            "rlpr_no_filter": ("probability", "initial", False),
-            "rlpr_per_step_r_prime": ("probability", "per_step", True)}
 
 
 class StdFilter:
