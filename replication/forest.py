@@ -14,7 +14,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from replication.core import files
+from replication.core import files, verdicts
 from replication.core.fmt import short_claim
 
 COLOURS = {"reproduced": "#1b7f3b", "partly": "#1f5fa8", "inconclusive": "#a86b00", "not reproduced": "#b3261e",
@@ -48,11 +48,12 @@ def unit(c: dict) -> str:
 
 
 def rows(claims) -> list:
-    """The ledger's comparative claims (those with an interval) in the paper's direction: label, unit, evidence,
+    """The ledger's comparative claims (those with an interval; a compound claim's parts, each on its own row) in the
+    paper's direction: label, unit, evidence,
     verdict, low, high, estimate (the interval's midpoint where none was recorded), per-seed differences and the
     paper's effect, all in the claim's own scale minus no effect (a ratio keeps its scale, no effect at 1)."""
     out = []
-    for c in claims:
+    for c in verdicts.expanded(claims):
         if not c.get("interval"):
             continue
         u = unit(c)

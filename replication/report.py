@@ -3,8 +3,10 @@ import html
 from pathlib import Path
 
 from replication import forest, seeds
-from replication.core import files, phases, verdicts
+from replication.core import files, phases
 from replication.core.config import NOTEBOOKS, Paths, list_notebooks
+from replication.ledger import (LEDGER_COLUMNS, LONG_COLUMNS, SHORT, _cell, _md_cell, claim_anchor,  # noqa: F401
+                                ledger_md, short)
 
 
 def records(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> list:
@@ -45,37 +47,8 @@ def verdict_label(profile: str, name: str = None) -> str:
                                                             else "verdict (one-off overrides)")
 
 
-LEDGER_COLUMNS = ("notebook", "claim", "task", "model", "judge", "paper", "measured", "verdict", "evidence", "interval",
-                  "n", "rerun", "why", "source")   # source: results store / computed now (store.claim_source)
 _OLD = ("notebook", "claim", "paper", "measured", "verdict", "evidence", "interval", "n")   # earlier indexes' columns:
 _OLD_LEDGERS = (_OLD + ("why",), _OLD + ("rerun", "why"), _OLD + ("rerun", "why", "source"))   # kept_rows realigns
-
-
-SHORT = 90  # characters of a long cell shown in the ledger's table; the full text is one click away
-
-
-def short(text: str, limit: int = SHORT) -> str:
-    """A long cell cut at a word before `limit` characters, with an ellipsis (unchanged when it fits)."""
-    text = str(text)
-    if len(text) <= limit:
-        return text
-    cut = text[:limit - 1].rsplit(" ", 1)[0].rstrip(" ,;:(")
-    return cut + " …"
-
-
-def _cell(claim: dict, key: str) -> str:
-    """One ledger cell: intervals as [low, high], the verdict with its qualifier and failed health check
-    (verdicts.label), missing values as '-'."""
-    v = claim.get(key)
-    if key == "verdict":
-        return verdicts.label(claim)
-    if key == "rerun":   # not recorded: projected from the row's seeds (seeds.rerun)
-        v = seeds.rerun(claim)
-    if v is None:
-        return "-"
-    if key == "interval":
-        return "[" + ", ".join(f"{x:+.3g}" for x in v) + "]"
-    return str(v)
 
 
 def source_note(rec: dict) -> str:
@@ -88,10 +61,6 @@ def source_note(rec: dict) -> str:
     read = (f"{counts['from_store']} from the store ({store.get('commit') or 'uncommitted'}, {store.get('date')})"
             if counts.get("from_store") else "none from the store")
     return f"{read}; {counts.get('made_now', 0)} made now"
-
-
-def _md_cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def index_path(profile: str, name: str = None) -> Path:
@@ -129,27 +98,6 @@ def kept_rows(path: Path, stems, ran) -> dict:
 
 
 PHASE_COLUMNS = (*phases.PHASES, "other")
-LONG_COLUMNS = ("measured", "why")  # paragraphs: short in the table, in full in ledger.md
-
-
-def claim_anchor(claim: dict, i: int) -> str:
-    """The id of a claim's full entry in ledger.md (and the HTML report): its notebook number and place."""
-    return f"claim-{claim.get('notebook', '')[:2]}-{i}"
-
-
-def ledger_md(claims, profile: str) -> str:
-    """ledger.md: every claim in full (all fields, the long paragraphs too), one entry per claim under its anchor."""
-    out = [f"# Claims ledger in full ({profile} profile)", "",
-           "Written by `python -m replication run`; the table in README.md shows these cells cut short.", ""]
-    for i, c in enumerate(claims):
-        out += [f'<a id="{claim_anchor(c, i)}"></a>', f"### {c['notebook'][:2]}. {c['claim']}", "",
-                *[f"- **{k}**: {_md_cell(_cell(c, k))}" for k in LEDGER_COLUMNS[2:] if k != "rerun"]]
-        if c.get("seed_differences"):
-            out.append("- **per seed**: " + ", ".join(f"{x:+.3f}" for x in c["seed_differences"]))
-        if (rerun := seeds.rerun(c, full=True)) is not None:
-            out.append("- **a rerun reads**: " + rerun)
-        out.append("")
-    return "\n".join(out)
 
 
 def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Path:

@@ -13,7 +13,7 @@ import math
 import sys
 
 from replication.compare import load
-from replication.core import power
+from replication.core import power, verdicts
 from replication.core.fmt import short_claim
 
 SHORT = {"reproduced": "R", "partly": "P", "inconclusive": "I", "not reproduced": "N"}
@@ -26,7 +26,7 @@ def rows(records: dict, seeds=(3, 5, 10, 20), only=None, sims: int = 2000, seed:
     for stem in sorted(records):
         if only and not any(stem.startswith(o) for o in only):
             continue
-        for c in records[stem].get("claims", []):
+        for c in verdicts.expanded(records[stem].get("claims", [])):
             if c.get("interval") is None or len(c.get("seed_differences") or []) < 2:
                 continue
             unit = "draw" if "draw" in str(c.get("n") or "") else "seed"
@@ -68,6 +68,8 @@ def rerun(claim: dict, sims: int = 2000, seed: int = 0, full: bool = False):
     more seeds or draws."""
     n = len(claim.get("seed_differences") or [])
     if n < 2 or claim.get("interval") is None or not all(math.isfinite(x) for x in claim["interval"]):
+        return None
+    if claim.get("parts"):   # a compound verdict is not one interval's: each part's chances (python -m replication seeds)
         return None
     counts = (n, *[s for s in AT if s > n])
     p = power.project(claim, counts, sims=sims, seed=seed, spans=True)

@@ -108,7 +108,7 @@ class Run:
         else:
             raise ValueError(f"claim {claim!r} has no basis; give interval=, matches=, holds=, parts= or not_tested=")
         if parts is not None:
-            why = f"{why} [parts: " + "; ".join(f"{k}: {v}" for k, v in parts.items()) + "]"
+            why = f"{why} [parts: " + "; ".join(f"{k}: {verdicts.part_word(v)}" for k, v in parts.items()) + "]"
         if not_tested is not None:
             why = f"{why} ({not_tested})" if why else not_tested
         if evidence == "simulation" and verdicts.SIMULATION_NOTE not in why:
@@ -125,6 +125,10 @@ class Run:
                "estimate": r6(estimate), "direction": direction, "null": null, "effect": r6(effect),
                "seed_differences": None if seed_differences is None else [r6(x) for x in seed_differences],
                "question_variance": None if question_variance is None else float(f"{float(question_variance):.6g}")}
+        if parts and any(isinstance(v, dict) for v in parts.values()):   # parts measured by intervals (verdicts.part)
+            row["parts"] = {k: v if isinstance(v, dict) else {"verdict": v} for k, v in parts.items()}
+            if len(seed_differences or []) > 1:   # the seeds on the paper's side are each part's (ledger.md)
+                row["qualifier"] = None
         same = lambda c: all(c.get(k) == row[k] for k in ("claim", "task", "judge", "evidence"))  # noqa: E731  (a rerun cell)
         self.claims = [c for c in self.claims if not same(c)] + [row]
         return row

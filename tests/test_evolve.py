@@ -210,21 +210,21 @@ def test_compare_pairs_by_seed_and_a_failed_arm_is_still_judged():
     for k in ("static - point", "elo - static"):
         est, (lo, hi) = out[k]["difference"], out[k]["ci95"]
         assert 0 < lo <= est <= hi and out[k]["n"] == "1 seed x 60 questions"
-        assert evolve_eval.part_verdict(out[k]) == "inconclusive"            # one training run: at most inconclusive
+        assert evolve_eval.part(out[k])["verdict"] == "inconclusive"            # one training run: at most inconclusive
     assert out["elo - static"]["difference"] == pytest.approx(evals["elo"]["p_win"].mean() - evals["static"]["p_win"].mean())
     # three training seeds per arm, paired by seed and question
     seeded = {k: [fake_eval(np.clip(v["p_win"] + d, 0, 1), [10] * n) for d in (0.0, 0.02, -0.02)] for k, v in evals.items()}
     recs = {k: [r] * 3 for k, r in records.items()}
     out = evolve_eval.compare(seeded, recs, [("elo", "static")], "p_win", seed=0)["elo - static"]
     assert out["n"] == "3 seeds x 60 questions" and len(out["per_seed"]) == 3 and out["probability_of_improvement"] == 1.0
-    assert evolve_eval.part_verdict(out) == "reproduced"
+    assert evolve_eval.part(out)["verdict"] == "reproduced" and evolve_eval.part(out)["interval"] == pytest.approx(list(out["ci95"]), abs=1e-6)
     assert "seeds +" in evolve_eval.describe({"elo - static": out})
     # a failed health check is named beside the verdict, never 'not tested'
     recs["static"] = [records["static"], {"healthy": False, "failed_checks": ["learned"]}, records["static"]]
     out = evolve_eval.compare(seeded, recs, [("static", "point")], "correct", seed=0)["static - point"]
     assert out["failed"] == ["static"] and out["basis"]["health"] == "failed health check: static seed 1 (learned)"
     assert set(out["basis"]) == {"interval", "estimate", "seed_differences", "health", "question_variance"}
-    assert evolve_eval.part_verdict(out) in ("reproduced", "inconclusive", "not reproduced")
+    assert evolve_eval.part(out)["verdict"] in ("reproduced", "inconclusive", "not reproduced")
     assert "static failed health" in evolve_eval.describe({"static - point": out})
 
 

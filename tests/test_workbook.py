@@ -63,6 +63,33 @@ def test_a_claim_is_a_short_sentence_with_its_setting_in_its_own_fields(runs):
     assert list(run.claims_table().columns[:3]) == ["claim", "task", "judge"]
 
 
+def test_a_compound_claim_keeps_each_parts_interval_verdict_and_seeds(runs):
+    """A compound claim's parts measured by intervals (verdicts.part) are recorded with their own interval, verdict and
+    seeds; the row's verdict follows from the parts; the forest plot and the seeds projection draw each part on its
+    own row, the ledger's interval cell names each part's, and ledger.md gives each part a line."""
+    from replication import forest, ledger
+    from replication.core import verdicts
+
+    run = workbook.start("07_example", profile="smoke", seed=0)
+    flat = verdicts.part([-0.04, 0.08], estimate=0.02, seed_differences=[0.0, 0.01, 0.05])
+    clear = verdicts.part([0.02, 0.1], estimate=0.06, seed_differences=[0.05, 0.06, 0.07])
+    assert (flat["verdict"], clear["verdict"]) == ("inconclusive", "reproduced")
+    row = run.claim("T = 200 is the best trade-off", "T = 200", "m", "real model", "why", n="3 seeds x 200 questions",
+                    parts={"above T = 2000": flat, "above T = 20": clear}, interval=[0.0, 0.0], estimate=0.0,
+                    seed_differences=[0.0, 0.0, 0.0])
+    assert row["verdict"] == "partly" and row["qualifier"] is None   # not "0 of 3 seeds", which is one part's
+    assert row["parts"]["above T = 2000"]["interval"] == [-0.04, 0.08] and "[parts: above T = 2000: inconclusive" in row["why"]
+    drawn = forest.rows([{**row, "notebook": "02_x"}])
+    assert [(r["label"], r["verdict"], r["low"]) for r in drawn] == [
+        ("02 T = 200 is the best trade-off: above T = 2000", "inconclusive", -0.04),
+        ("02 T = 200 is the best trade-off: above T = 20", "reproduced", 0.02)]
+    assert ledger._cell(row, "interval") == "above T = 2000 [-0.04, +0.08]; above T = 20 [+0.02, +0.1]"
+    assert seeds.rerun(row) is None and seeds.rerun(list(verdicts.expanded([row]))[0]) is not None
+    full = ledger.ledger_md([{**row, "notebook": "02_x"}], "smoke")
+    assert "- **part: above T = 20**: reproduced (3 of 3 seeds on the paper's side), [+0.02, +0.1]; per seed" in full
+    assert "- **per seed**" not in full
+
+
 def _committed_claims(field: str):
     """([(notebook, claims)] of the committed metrics whose claims carry `field`, [the notebooks whose do not])."""
     current, older = [], []

@@ -104,12 +104,43 @@ def from_match(measured, paper, tolerance) -> str:
     return "reproduced" if bool(np.all(np.abs(m - p) <= tolerance)) else "not reproduced"
 
 
+def part(interval, direction: int = +1, null: float = 0.0, effect: float = None, estimate: float = None,
+         seed_differences=None) -> dict:
+    """One part of a compound claim measured by an interval: its verdict by the one rule (from_interval), with the
+    interval, estimate and per-seed differences that the ledger and the forest plot show beside it."""
+    r6 = lambda x: None if x is None else round(float(x), 6)  # noqa: E731
+    return {"verdict": from_interval(float(interval[0]), float(interval[1]), direction, null, effect, seed_differences),
+            "interval": [r6(interval[0]), r6(interval[1])], "estimate": r6(estimate), "direction": direction,
+            "null": null, "effect": r6(effect),
+            "seed_differences": None if seed_differences is None else [r6(x) for x in seed_differences]}
+
+
+def expanded(claims):
+    """The ledger's claims with each compound claim whose parts carry intervals (part()) replaced by its parts, each
+    a claim of its own, 'claim: part', with the part's interval, verdict and seeds (for the forest plot and the seeds
+    projection; the ledger keeps the compound row)."""
+    for c in claims:
+        parts = {k: v for k, v in (c.get("parts") or {}).items() if v.get("interval")}
+        if not parts:
+            yield c
+            continue
+        for name, v in parts.items():
+            yield {**c, "question_variance": None, "qualifier": None, **v, "claim": f"{c['claim']}: {name}",
+                   "parts": None}
+
+
+def part_word(v) -> str:
+    """A part's verdict: the word itself, or the `verdict` of a part() record."""
+    return v["verdict"] if isinstance(v, dict) else v
+
+
 def from_parts(parts: dict) -> str:
-    """A compound claim's verdict from its parts' (each shown with its own interval and verdict): one word when all
-    parts agree; 'partly' when they disagree and at least one part holds (reproduced or partly); with no part holding,
-    'not reproduced' if any part is, else 'inconclusive'."""
+    """A compound claim's verdict from its parts' (each shown with its own interval and verdict; a part is a verdict
+    word or a part() record): one word when all parts agree; 'partly' when they disagree and at least one part holds
+    (reproduced or partly); with no part holding, 'not reproduced' if any part is, else 'inconclusive'."""
     if not parts:
         raise ValueError("parts={} is not allowed; name at least one part and its verdict")
+    parts = {k: part_word(v) for k, v in parts.items()}
     for name, v in parts.items():
         if v not in VERDICTS:
             raise ValueError(f"part {name!r} has verdict {v!r}; choose one of {', '.join(VERDICTS)}")
@@ -129,7 +160,7 @@ def verdict(*, interval=None, direction: int = +1, null: float = 0.0, effect: fl
                                        training comparison, the per-seed differences);
     matches=(measured, paper, tol)     numbers recomputed from the paper's data, within its rounding;
     holds=True/False                   a stated, exactly checkable condition (arithmetic or simulation);
-    parts={"name": verdict, ...}       a compound claim;
+    parts={"name": verdict, ...}       a compound claim (a part: a verdict word or a part() record);
     not_tested="reason"                not run here."""
     given = [k for k, v in {"interval": interval, "matches": matches, "holds": holds, "parts": parts,
                             "not_tested": not_tested}.items() if v is not None]

@@ -122,11 +122,13 @@ def compare(evals: dict, records: dict, pairs, column: str = "p_win", seed: int 
                                        seed=config.derive_seed(seed, "paired", a, b, column)) for a, b in pairs}
 
 
-def part_verdict(entry: dict, effect: float = None) -> str:
-    """The verdict of one compared pair (an entry of compare()) by the one rule: its two-level interval and per-seed
-    differences (one seed: at most inconclusive). A failed health check does not enter it: run.claim names it beside."""
+def part(entry: dict, effect: float = None) -> dict:
+    """One compared pair (an entry of compare()) as a part of a compound claim (verdicts.part): its verdict by the one
+    rule from its two-level interval and per-seed differences (one seed: at most inconclusive), with the interval and
+    seeds the ledger shows beside it. A failed health check does not enter it: run.claim names it beside."""
     b = entry["basis"]
-    return verdicts.verdict(interval=b["interval"], seed_differences=b.get("seed_differences"), effect=effect)
+    return verdicts.part(b["interval"], effect=effect, estimate=b.get("estimate"),
+                         seed_differences=b.get("seed_differences"))
 
 
 def describe(comparisons: dict) -> str:
