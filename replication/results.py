@@ -1,6 +1,6 @@
 """The results store's command line (`python -m replication store ...`) and its remake check.
 
-`store verify --remake N` re-makes each notebook's first N fp32 value entries from scratch and compares them with the
+`store verify --remake N` re-makes each notebook's N cheapest fp32 value entries from scratch and compares them with the
 store byte for byte: the notebook executes (default profile, a temporary run folder) reading everything else from the
 store, until the entry it re-makes is written (store.REMAKE names it; the cache then stops the notebook). fp32
 entries come out the same on every CPU; bf16 ones depend on the instruction set (store_update.machine records it), so an
@@ -14,11 +14,12 @@ from replication.core import config, files, store, store_update
 
 
 def candidates(root: Path, notebook: str, n: int) -> list:
-    """The notebook's first n fp32 value entries in the order the run made them (their keys name no bf16)."""
+    """The notebook's n cheapest fp32 value entries (their keys name no bf16): those that took the fewest seconds to
+    make (an entry without a time last), then in the order the run made them."""
     entries = store.manifest(root, notebook).get("entries", {})
-    fp32 = [(e.get("made_at") or 0, ident) for ident, e in entries.items()
-            if e["kind"] in ("json", "frame") and "bfloat16" not in json.dumps(e["key"])]
-    return [ident for _, ident in sorted(fp32)[:n]]
+    fp32 = [(e.get("seconds") is None, e.get("seconds") or 0, e.get("made_at") or 0, ident)
+            for ident, e in entries.items() if e["kind"] in ("json", "frame") and "bfloat16" not in json.dumps(e["key"])]
+    return [x[-1] for x in sorted(fp32)[:n]]
 
 
 def remake(n: int, root: Path, only=None, log=print) -> list:
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
     up.add_argument("--only", default=None, help="notebook numbers, e.g. 00,03")
     ve = sub.add_parser("verify", help="check every entry's checksum and key; --remake N re-makes entries and compares")
     ve.add_argument("--remake", type=int, default=0, metavar="N",
-                    help="re-make each notebook's first N fp32 entries from scratch and compare bytes (store.remake)")
+                    help="re-make each notebook's N cheapest fp32 entries from scratch and compare bytes")
     ve.add_argument("--only", default=None, help="notebook numbers for --remake, e.g. 00,03")
     ac = sub.add_parser("accept", help="record the code's fingerprint for notebooks whose change changes no entry")
     ac.add_argument("notebooks", nargs="+", help="notebook numbers or stems")

@@ -273,3 +273,18 @@ def test_the_runner_reads_the_store_and_retrain_ignores_it(tmp_path, monkeypatch
     _, third = run_in("second", retrain="01")   # the same run folder, the notebook current: retrain still runs it
     assert third["claims"][0]["measured"] != first["claims"][0]["measured"]
     assert third["results_store"]["from_store"] == 0 and third["claims"][0]["source"] == "computed now"
+
+
+def test_remake_picks_the_cheapest_fp32_entries(tmp_path):
+    """CI re-makes each notebook's cheapest fp32 entry: the fewest seconds to make, never a bf16 one or a training run."""
+    from replication import results
+
+    entries = {"slow-1": {"kind": "json", "key": {"dtype": "float32"}, "seconds": 300.0, "made_at": 1},
+               "quick-2": {"kind": "frame", "key": {"n": 3}, "seconds": 20.0, "made_at": 2},
+               "bf16-3": {"kind": "json", "key": {"dtype": "bfloat16"}, "seconds": 1.0, "made_at": 3},
+               "training/run-4": {"kind": "run", "key": {}, "seconds": 0.5, "made_at": 4},
+               "untimed-5": {"kind": "json", "key": {}, "seconds": None, "made_at": 0}}
+    (tmp_path / "07_example.json").write_text(json.dumps({"notebook": "07_example", "entries": entries}))
+    assert results.candidates(tmp_path, "07_example", 1) == ["quick-2"]
+    assert results.candidates(tmp_path, "07_example", 3) == ["quick-2", "slow-1", "untimed-5"]
+
