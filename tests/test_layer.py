@@ -156,6 +156,27 @@ def test_parameters_name_the_bad_value(change, message):
         params.build("03_rlpr_debiasing", {**cell_03(), **change})
 
 
+def test_a_learning_rate_has_one_range_wherever_it_is_checked():
+    """The parameters and the trainers accept the same learning rates (config.LR_RANGE), so a value the notebook
+    accepts is never refused deep in a run, nor the other way round."""
+    from replication.core import config
+    from replication.lm import dpo, grpo
+
+    lo, hi = config.LR_RANGE
+    for lr in (lo, 1e-4, hi):
+        params.build("03_rlpr_debiasing", {**cell_03(), "lr": lr})
+        grpo.GRPOConfig(lr=lr).validate()
+        dpo.PreferenceConfig(lr=lr).validate()
+    for lr in (hi * 2, -1e-6):
+        for check in (lambda: params.build("03_rlpr_debiasing", {**cell_03(), "lr": lr}),
+                      lambda: grpo.GRPOConfig(lr=lr).validate(), lambda: dpo.PreferenceConfig(lr=lr).validate()):
+            with pytest.raises(ValueError, match="lr="):
+                check()
+    lrs = {c.__name__: [f for f in c.__dataclass_fields__.values() if f.name.endswith("lr")]
+           for c in params.REGISTRY.values()}
+    assert all(f.metadata["high"] == hi for fs in lrs.values() for f in fs) and sum(map(len, lrs.values())) >= 5
+
+
 def test_parameters_missing_and_unknown_notebook():
     cell = cell_03()
     del cell["steps"]

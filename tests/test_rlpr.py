@@ -304,9 +304,11 @@ def test_sample_draws_caches_each_draw_under_its_own_seed(tiny):
         keys.append((name, key))
         return make()
 
-    base_key = {"questions": [q.id for q in qs], "seed": 0}
-    R = reward_quality.sample_draws(*tiny, qs, 2, [0, 1], cache=cache, key=base_key, max_new_tokens=4, batch_size=4)
-    assert keys == [("samples", base_key), ("samples", {**base_key, "seed": 1})]   # draw 0 keeps the one-draw key
+    setting = rlpr_training.ArmSetting(grpo.GRPOConfig(temperature=1.0), 1, 1, max_new_tokens=4, batch_size=4)
+    R = reward_quality.sample_draws(*tiny, qs, 2, [0, 1], setting, cache=cache)
+    assert [(name, key["seed"]) for name, key in keys] == [("samples", 0), ("samples", 1)]   # each draw its own entry
+    assert keys[0][1] == {**keys[1][1], "seed": 0} and keys[0][1]["questions"] == [q.id for q in qs]
+    assert {"model", "samples", "temperature", "max_new_tokens", "batch_size", "shots", "references"} <= set(keys[0][1])
     assert R.draw.tolist() == [0] * 4 + [1] * 4 and {"mean", "mean_debiased", "verifier"} <= set(R.columns)
     assert R[R.draw == 0].reply.tolist() != R[R.draw == 1].reply.tolist()   # another sampling seed, other replies
     alone = reward_quality.sample_replies(*tiny, qs, 2, max_new_tokens=4, batch_size=4, seed=1)
@@ -521,9 +523,9 @@ def test_each_variant_trains_once_per_seed(monkeypatch):
         keys.append(key)
         return None
 
-    kw = dict(run_folder=folder, warmup=(0, 1), lora_r=4, eval_tokens=4, batch_size=4, progress=False)
-    runs = rlpr_training.run_seeds("rlpr_no_filter", [7, 8], pool, heldout, cfg, 2, 2, **kw)
-    first = rlpr_training.run_variant("rlpr_no_filter", pool, heldout, cfg, 2, 2, **kw)
+    arm = rlpr_training.ArmSetting(cfg, 2, 2, warmup=(0, 1), lora_r=4, max_new_tokens=4, batch_size=4)
+    runs = rlpr_training.run_seeds("rlpr_no_filter", [7, 8], pool, heldout, arm, run_folder=folder)
+    first = rlpr_training.run_variant("rlpr_no_filter", pool, heldout, arm, run_folder=folder)
     assert [k["grpo"]["seed"] for k in keys] == [7, 8, 7] and keys[0] == keys[2]   # seed 0's key: run_variant's own
     assert runs[0][0]["reward_mean"].tolist() == first[0]["reward_mean"].tolist()
     assert runs[0][0]["reward_mean"].tolist() != runs[1][0]["reward_mean"].tolist()   # another seed, other rollouts
@@ -535,16 +537,16 @@ def test_run_all_keeps_variants_and_seeds_in_order(monkeypatch):
     pool, heldout = answers.make_questions(6, 0, seed=0)["train"], answers.make_questions(2, 0, seed=0)["heldout"]
     cfg = grpo.GRPOConfig(num_generations=2, max_new_tokens=4, kl_beta=0.0, seed=7)
     keys = []
-    kw = dict(run_folder=lambda name, key: keys.append((name, key["grpo"]["seed"])), warmup=(0, 1), lora_r=4, eval_tokens=4,
-              batch_size=4, progress=False)
-    both = rlpr_training.run_all(["rlvr", "rlpr_no_filter"], [7, 8], pool, heldout, cfg, 2, 2, workers=1, **kw)
+    kw = dict(run_folder=lambda name, key: keys.append((name, key["grpo"]["seed"])))
+    arm = rlpr_training.ArmSetting(cfg, 2, 2, warmup=(0, 1), lora_r=4, max_new_tokens=4, batch_size=4)
+    both = rlpr_training.run_all(["rlvr", "rlpr_no_filter"], [7, 8], pool, heldout, arm, workers=1, **kw)
     assert list(both) == ["rlvr", "rlpr_no_filter"] and [len(v) for v in both.values()] == [2, 2]
     assert keys == [("rlvr", 7), ("rlvr", 8), ("rlpr_no_filter", 7), ("rlpr_no_filter", 8)]
-    alone = rlpr_training.run_seeds("rlpr_no_filter", [7, 8], pool, heldout, cfg, 2, 2, **kw)
+    alone = rlpr_training.run_seeds("rlpr_no_filter", [7, 8], pool, heldout, arm, **kw)
     for (rows, table), (rows_, table_) in zip(both["rlpr_no_filter"], alone):
         assert rows["reward_mean"].tolist() == rows_["reward_mean"].tolist() and table.equals(table_)
     with pytest.raises(ValueError, match="workers=0"):
-        rlpr_training.run_all(["rlvr"], [7], pool, heldout, cfg, 2, 2, workers=0, **kw)
+        rlpr_training.run_all(["rlvr"], [7], pool, heldout, arm, workers=0, **kw)
 
 
 def test_filter_summary_per_seed():

@@ -1,6 +1,8 @@
 """RLPR where the rule verifier fails: the question sets whose references a verifier misses in part and their
 grading, reward quality read within question (against hand computations), the spread of a reward within a
 question, and r' scored once from the initial policy (the authors' choice) against the per-step variant."""
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -161,9 +163,10 @@ def test_each_variant_gets_its_r_prime_scored_once(monkeypatch):
     pool, heldout = answers.make_questions(4, 0, seed=0)["train"], answers.make_questions(2, 0, seed=0)["heldout"]
     cfg = grpo.GRPOConfig(num_generations=2, max_new_tokens=4, kl_beta=0.0, seed=3)
     keys = []
-    kw = dict(run_folder=lambda name, key: keys.append(key), warmup=(0, 1), lora_r=4, eval_tokens=4, batch_size=4, progress=False)
+    kw = dict(run_folder=lambda name, key: keys.append(key))
+    arm = rlpr_training.ArmSetting(cfg, 2, 2, warmup=(0, 1), lora_r=4, max_new_tokens=4, batch_size=4)
     for v in ("rlpr", "rlpr_per_step_r_prime", "rlvr", "oracle", "rlpr_no_debias"):
-        rlpr_training.run_variant(v, pool, heldout, cfg, 2, 2, **kw)
+        rlpr_training.run_variant(v, pool, heldout, arm, **kw)
     assert len(calls) == 1   # two steps, one scoring of r': the authors' arm only, before its first step
     (kind, table), *rest = seen
     torch.manual_seed(config.derive_seed(3, "rlpr-lora"))
@@ -175,7 +178,7 @@ def test_each_variant_gets_its_r_prime_scored_once(monkeypatch):
     assert [k["r_prime"] for k in keys] == ["initial", "per_step", None, None, None]
     given = {q.id: [0.5] for q in pool}   # the notebook scores it once for every arm and seed and passes it in
     seen.clear()
-    rlpr_training.run_variant("rlpr_no_filter", pool, heldout, cfg, 1, 2, r_prime=given, **kw)
+    rlpr_training.run_variant("rlpr_no_filter", pool, heldout, replace(arm, steps=1), r_prime=given, **kw)
     assert seen == [("probability", given)] and len(calls) == 1
 
 

@@ -9,6 +9,7 @@ import numpy as np
 from . import files
 
 PROFILES = ("smoke", "default", "gpu", "paper")
+LR_RANGE = (0.0, 0.1)   # what a learning rate may be, wherever one is checked (params.lr_rule, GRPOConfig)
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 

@@ -80,7 +80,7 @@ def temperature_rule():
 
 def lr_rule():
     """The rule of a learning rate."""
-    return p(low=0.0, high=0.1)
+    return p(low=config.LR_RANGE[0], high=config.LR_RANGE[1])
 
 
 @dataclass

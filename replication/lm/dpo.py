@@ -26,7 +26,7 @@ class PreferenceConfig:
         config.check_int("epochs", self.epochs)
         config.check_int("batch_size", self.batch_size)
         config.check_int("seed", self.seed, minimum=0)
-        config.check_range("lr", self.lr, 0.0, 1.0)
+        config.check_range("lr", self.lr, *config.LR_RANGE)
         if not isinstance(self.dpo_beta, (int, float)) or self.dpo_beta <= 0:
             raise ValueError(f"dpo_beta={self.dpo_beta!r} is not allowed; the DPO beta must be > 0")
         return self

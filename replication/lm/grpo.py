@@ -83,7 +83,7 @@ class GRPOConfig:
         config.check_range("min_p", self.min_p, 0.0, 1.0)
         config.check_choice("rollout_dtype", self.rollout_dtype, ROLLOUT_DTYPES)
         config.check_choice("update_dtype", self.update_dtype, UPDATE_DTYPES)
-        config.check_range("lr", self.lr, 0.0, 1.0)
+        config.check_range("lr", self.lr, *config.LR_RANGE)
         return self
 
 

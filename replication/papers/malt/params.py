@@ -1,7 +1,7 @@
 """Notebook 05's parameters: types, ranges and cross-field rules (the defaults live in its parameters cell)."""
 from dataclasses import dataclass
 
-from replication.core.params import DTYPE, Trained, notebook, p, temperature_rule
+from replication.core.params import DTYPE, Trained, lr_rule, notebook, p, temperature_rule
 from replication.lm import tasks
 
 @notebook("05_malt_trajectory_trees")
@@ -19,9 +19,9 @@ class MALT(Trained):
     rollout_dtype: str = DTYPE
     batch_size: int = p()
     reference: str = p(choices=("sft", "base"))
-    sft_lr: float = p(low=1e-7, high=1.0)
+    sft_lr: float = lr_rule()
     sft_epochs: int = p()
-    dpo_lr: float = p(low=1e-7, high=1.0)
+    dpo_lr: float = lr_rule()
     dpo_epochs: int = p()
     dpo_beta: float = p(low=1e-9, high=100.0)
     max_sft: int = p()

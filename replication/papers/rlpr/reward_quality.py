@@ -46,17 +46,21 @@ def sample_replies(model, tok, questions, samples: int, temperature: float = 1.0
 
 
 @phases.timed("generation for evaluation")
-def sample_draws(model, tok, questions, samples: int, seeds, cache=None, key: dict = None, temperature: float = 1.0,
-                 max_new_tokens: int = 48, batch_size: int = 16, shots=()) -> pd.DataFrame:
+def sample_draws(model, tok, questions, samples: int, seeds, setting, cache=None) -> pd.DataFrame:
     """One draw of sampled replies per sampling seed in `seeds` (sample_replies with seed=s) with their reward
-    columns, stacked with a `draw` column (0, 1, ... in the order of `seeds`). cache(name, key, make) is the
-    notebook's run.cached: each draw is cached on its own under "samples" with key | {"seed": s}, so the first draw
-    keeps the one-draw key and a run with more draws reuses the draws done."""
+    columns, stacked with a `draw` column (0, 1, ... in the order of `seeds`). `setting`: the arms' setting of the
+    notebook (rlpr_training.ArmSetting: its model, worked examples, sampling temperature, reply length and batch).
+    cache(name, key, make) is the notebook's run.cached: each draw is cached on its own under "samples", keyed by
+    every setting and its seed, so a run with more draws reuses the draws done."""
+    key = {"questions": [q.id for q in questions], "references": [q.reference for q in questions],
+           "model": setting.model, "samples": samples, "temperature": setting.grpo.temperature,
+           "max_new_tokens": setting.max_new_tokens, "batch_size": setting.batch_size,
+           "shots": [s.id for s in setting.shots]}
     out = []
     for i, s in enumerate(seeds):
-        make = lambda s=s: sample_replies(model, tok, questions, samples, temperature, max_new_tokens,  # noqa: E731
-                                          batch_size, s, shots)
-        table = make() if cache is None else cache("samples", {**(key or {}), "seed": s}, make)
+        make = lambda s=s: sample_replies(model, tok, questions, samples, setting.grpo.temperature,  # noqa: E731
+                                          setting.max_new_tokens, setting.batch_size, s, setting.shots)
+        table = make() if cache is None else cache("samples", {**key, "seed": s}, make)
         out.append(reward_columns(table).assign(draw=i))
     return pd.concat(out, ignore_index=True)
 
