@@ -4,10 +4,10 @@ if it were run again with S seeds, the measured difference and seed spread taken
     python -m replication seeds figures/metrics --seeds 3,5,10,20 [--only 03] [--markdown]
 
 A ledger is read as `compare` reads one (a metrics file, a folder of them, or git:REV). Each row records its
-interval, per-seed differences and (since 2026-11-28) its interval's question part; for a row written before, the
+interval, per-seed differences and its interval's question part; for an older row that lacks it, the
 question part is read back from the interval's width, which can fit two (core.power.question_variances), and a
-chance that differs between them is shown as a range. `rerun` gives one row's chances at its own number of seeds:
-the ledger's `rerun` column and each notebook's closing table.
+chance that differs between them is shown as a range. `rerun` gives one row's chances at its own number of seeds
+and at 5 and 10: the ledger's `rerun` column and each notebook's closing table.
 """
 import math
 import sys

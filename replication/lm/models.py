@@ -137,8 +137,8 @@ def current_device() -> torch.device:
 
 def bf16_kernels() -> bool:
     """Whether bf16 matmuls have fast kernels where models run (use_device): a CUDA device that supports bf16, or a
-    CPU whose oneDNN has bf16 kernels (AMX, AVX-512). On a CPU with AVX2 only they are emulated (measured 2026-11-27:
-    a 1024 x 1024 matmul at 1 GFLOP/s in bf16 against 132 in fp32), and a bf16 copy makes a run several times slower."""
+    CPU whose oneDNN has bf16 kernels (AMX, AVX-512). On a CPU with AVX2 only they are emulated, and a bf16 copy makes a
+    run several times slower (docs/reproducibility.md)."""
     if _device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -191,11 +191,9 @@ def load_model(name_or_path: str = "smollm2-135m-instruct", dtype=torch.float32)
 
 
 def warm_up(model, tok) -> None:
-    """One short forward pass, its result dropped and the random state kept: on this CPU a process's first forward
-    pass now and then rounds differently from every later one (measured 2026-11-29: 6 of 23 fresh processes encoding
-    05's first prompts, two threads; 0 of 54 after one pass of any model in the process, whatever its dtype; a
-    first-use effect below torch, not traced), which made two runs of one config sample different replies (README,
-    Determinism)."""
+    """One short forward pass, its result dropped and the random state kept: a process's first forward pass now and
+    then rounds differently from every later one (a first-use effect below torch), which made two runs of one config
+    sample different replies; after one pass it does not (docs/reproducibility.md, Determinism)."""
     ids = tok("Warm up.", return_tensors="pt").input_ids.to(device_of(model))
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         model(input_ids=ids)

@@ -13,14 +13,8 @@ Within a question the likelier reply wins, as in `lm.judges.likelihood_verdicts`
 absolute, so MAE's difficulty (1 - the mean score of a question's answers) keeps its meaning. No reference answer,
 no verifier and no worked example enter the score.
 
-Two designs were measured first and left (SmolLM2-135M-Instruct, two-digit sums, 2026-11-25):
-- the stated answer alone ("The answer is N.") against alternatives (N +- 1, N +- 10, the other replies' answers)
-  had no signal on the base model's sampled replies (pooled AUC 0.42-0.60, within-question AUC 0.22-0.28 on 200
-  replies to 50 held-out questions), where the reply's own likelihood, working included, ranked right above wrong
-  (pooled AUC 0.815, within-question 0.85 on the same replies);
-- the policy as its own likelihood judge (the adapter active) was hacked: in 12 iterations of the loop (training
-  seed 0, the notebook's default sizes) its judge score rose from 0.44 to 0.55 while held-out accuracy fell from
-  0.48 to 0.01, the solver writing replies such as "12 + 58 = 10. The answer is 10." that it had made likely itself.
+The frozen base model judges, not the policy: a policy judging by its own likelihood learns to make its own wrong
+replies likely (why, and the other design left, is on the MAE page: replication/papers/mae/README.md).
 """
 from contextlib import nullcontext
 
