@@ -32,9 +32,10 @@ def _cell(claim: dict, key: str) -> str:
         return "-"
     if key == "interval":
         parts = {k: p for k, p in (claim.get("parts") or {}).items() if p.get("interval")}
+        text = lambda iv: "[" + ", ".join(f"{x:+.3g}" for x in iv) + "]"  # noqa: E731
         if parts:   # a compound claim: each part's interval (its verdict in ledger.md)
-            return "; ".join(f"{k} [" + ", ".join(f"{x:+.3g}" for x in p["interval"]) + "]" for k, p in parts.items())
-        return "[" + ", ".join(f"{x:+.3g}" for x in v) + "]"
+            return "; ".join(f"{k} {text(p['interval'])}" for k, p in parts.items())
+        return text(v)
     return str(v)
 
 

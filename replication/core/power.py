@@ -99,19 +99,18 @@ def project(claim: dict, seeds=(3, 5, 10, 20), sims: int = 2000, seed: int = 0, 
     recorded = claim.get("question_variance")
     parts = [float(recorded)] if recorded is not None else question_variances(diffs, claim["interval"])
     est = float(claim["estimate"]) if claim.get("estimate") is not None else float(diffs.mean())
-    plans = {}
-    for s in seeds:
-        runs = [verdict_chances(est, sd, v, s, claim.get("direction", 1), claim.get("null", 0.0), claim.get("effect"),
-                                sims=sims, seed=config.derive_seed(seed, "power", s, k)) for k, v in enumerate(parts)]
-        plans[s] = {k: (min(r[k] for r in runs), max(r[k] for r in runs)) for k in runs[0]}
-    out = {"estimate": est, "seed_sd": sd, "sd_range": sd_range(sd, diffs.size), "question_variances": parts,
+    sd_ends = sd_range(sd, diffs.size)
+
+    def span(s: int, sds) -> dict:
+        """Each chance as (low, high) over the question parts and the given (tag, SD)s, at s seeds."""
+        runs = [verdict_chances(est, x, v, s, claim.get("direction", 1), claim.get("null", 0.0), claim.get("effect"),
+                                sims=sims, seed=config.derive_seed(seed, "power", s, k, *tag))
+                for tag, x in sds for k, v in enumerate(parts)]
+        return {k: (min(r[k] for r in runs), max(r[k] for r in runs)) for k in runs[0]}
+
+    plans = {s: span(s, [((), sd)]) for s in seeds}
+    out = {"estimate": est, "seed_sd": sd, "sd_range": sd_ends, "question_variances": parts,
            "seeds_now": int(diffs.size), "plans": plans}
-    if spans:
-        out["spans"] = {}
-        for s in seeds:
-            runs = [verdict_chances(est, x, v, s, claim.get("direction", 1), claim.get("null", 0.0),
-                                    claim.get("effect"), sims=sims, seed=config.derive_seed(seed, "power", s, k, "sd", j))
-                    for j, x in enumerate(out["sd_range"]) for k, v in enumerate(parts)]
-            out["spans"][s] = {k: (min(plans[s][k][0], *(r[k] for r in runs)), max(plans[s][k][1], *(r[k] for r in runs)))
-                               for k in plans[s]}
+    if spans:   # the measured SD's chances and those at the ends of its 90% interval
+        out["spans"] = {s: span(s, [((), sd), *((("sd", j), x) for j, x in enumerate(sd_ends))]) for s in seeds}
     return out
