@@ -1,16 +1,21 @@
 """The results store's command line (`python -m replication store ...`) and its remake check.
 
 `store verify --remake N` re-makes each notebook's N cheapest fp32 value entries from scratch and compares them with the
-store byte for byte: the notebook executes (default profile, a temporary run folder) reading everything else from the
-store, until the entry it re-makes is written (store.REMAKE names it; the cache then stops the notebook). fp32
-entries come out the same on every CPU; bf16 ones depend on the instruction set (store_update.machine records it), so an
-entry that differs is reported with both CPUs."""
+store: the notebook executes (default profile, a temporary run folder) reading everything else from the store, until
+the entry it re-makes is written (store.REMAKE names it; the cache then stops the notebook). On the CPU that made it an
+fp32 entry comes back with the same bytes; another CPU's kernels can add a sum's terms in another order, so its
+numbers may differ in the last digits. same_values() accepts that much and nothing more: every string, integer, key and
+length equal, every float within fp32 rounding (REL). A difference beyond it is reported with both CPUs.
+bf16 entries are not re-made: their numbers depend on the instruction set (store_update.machine records it)."""
 import json
 import tempfile
 import time
 from pathlib import Path
 
 from replication.core import config, files, store, store_update
+
+REL = 1e-4       # floats agree when |a - b| <= REL * max(|a|, |b|) + FLOOR: far above fp32 rounding (about 1e-7
+FLOOR = 1e-6     # relative, a few times that after a sum), far below any digit a figure or claim shows
 
 
 def candidates(root: Path, notebook: str, n: int) -> list:
@@ -47,14 +52,52 @@ def remake(n: int, root: Path, only=None, log=print) -> list:
                 except OSError:
                     problems.append(f"{notebook}/{ident}: the notebook ended without making it")
                     continue
-            same = meta["sha256"] == entry["sha256"]
-            here = config.cpu_bf16()
-            log(f"store remake {notebook}/{ident}: {'the same bytes' if same else 'DIFFERENT bytes'} "
-                f"({time.perf_counter() - t0:.0f} s)")
-            if not same:
-                problems.append(f"{notebook}/{ident}: re-made with other bytes (made on CPU "
-                                f"{entry['made'].get('cpu')!r}, re-made on {here!r})")
+                new = (made / meta["file"]).read_bytes()
+            old = store._blob(root, entry)
+            where = f"made on CPU {entry['made'].get('cpu')!r}, re-made on {config.cpu_bf16()!r}"
+            if meta["sha256"] == entry["sha256"]:
+                verdict = "the same bytes"
+            else:
+                ok, text = same_values(json.loads(old), json.loads(new))
+                verdict = f"{'the same values' if ok else 'DIFFERENT'}: {text} ({where})"
+                if not ok:
+                    problems.append(f"{notebook}/{ident}: re-made with other values: {text} ({where})")
+            log(f"store remake {notebook}/{ident}: {verdict} ({time.perf_counter() - t0:.0f} s)")
     return problems
+
+
+def same_values(old, new) -> tuple:
+    """(agree, text): do two JSON values agree up to fp32 rounding? Strings, integers, booleans, keys and lengths must be
+    equal; floats within REL (relative) or FLOOR (absolute). The text counts the floats that differ and names the
+    largest difference, or the first place where the values disagree."""
+    counts = {"floats": 0, "differ": 0, "largest": 0.0}
+
+    def walk(a, b, where):
+        if isinstance(a, float) or isinstance(b, float):
+            if not (type(a) is float and type(b) is float):
+                return f"{where}: {a!r} against {b!r}"
+            counts["floats"] += 1
+            if a == b or (a != a and b != b):       # equal, or both NaN
+                return None
+            gap = abs(a - b)
+            counts["differ"] += 1
+            counts["largest"] = max(counts["largest"], gap / max(abs(a), abs(b)))
+            return None if gap <= REL * max(abs(a), abs(b)) + FLOOR else f"{where}: {a!r} against {b!r}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            if a.keys() != b.keys():
+                return f"{where}: keys {sorted(a.keys() ^ b.keys())} in one only"
+            return next((w for k in a if (w := walk(a[k], b[k], f"{where}.{k}"))), None)
+        if isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b):
+                return f"{where}: {len(a)} items against {len(b)}"
+            return next((w for i, (x, y) in enumerate(zip(a, b)) if (w := walk(x, y, f"{where}[{i}]"))), None)
+        return None if type(a) is type(b) and a == b else f"{where}: {a!r} against {b!r}"
+
+    first = walk(old, new, "value")
+    if first:
+        return False, first
+    return True, (f"{counts['differ']:,} of {counts['floats']:,} floats differ in the last digits, the largest by "
+                  f"{counts['largest']:.1e} of its value")
 
 
 def main(argv=None) -> int:
@@ -69,7 +112,7 @@ def main(argv=None) -> int:
     up.add_argument("--only", default=None, help="notebook numbers, e.g. 00,03")
     ve = sub.add_parser("verify", help="check every entry's checksum and key; --remake N re-makes entries and compares")
     ve.add_argument("--remake", type=int, default=0, metavar="N",
-                    help="re-make each notebook's N cheapest fp32 entries from scratch and compare bytes")
+                    help="re-make each notebook's N cheapest fp32 entries from scratch and compare them")
     ve.add_argument("--only", default=None, help="notebook numbers for --remake, e.g. 00,03")
     ac = sub.add_parser("accept", help="record the code's fingerprint for notebooks whose change changes no entry")
     ac.add_argument("notebooks", nargs="+", help="notebook numbers or stems")
@@ -86,6 +129,8 @@ def main(argv=None) -> int:
             problems = store_update.verify(args.store)
             if args.remake:
                 problems += remake(args.remake, Path(args.store or store.default_root()), _names(args.only))
+            for p in problems:
+                print(f"store verify: {p}")
             print(f"store verify: {time.perf_counter() - t0:.1f} s, {len(problems)} problems")
             return 1 if problems else 0
         elif args.cmd == "accept":

@@ -288,3 +288,27 @@ def test_remake_picks_the_cheapest_fp32_entries(tmp_path):
     assert results.candidates(tmp_path, "07_example", 1) == ["quick-2"]
     assert results.candidates(tmp_path, "07_example", 3) == ["quick-2", "slow-1", "untimed-5"]
 
+
+
+def test_a_remade_entry_agrees_up_to_fp32_rounding_and_nothing_more():
+    """Another CPU may add a sum's terms in another order: floats may move in the last digits, nothing else may."""
+    from replication import results
+
+    old = {"arrays": {"probs": [0.5328382849693298, 0.1178], "scores": [1, 5]}, "text": ["The answer is 3."],
+           "nan": float("nan")}
+    ok, text = results.same_values(old, json.loads(json.dumps(old)))
+    assert ok and text.startswith("0 of 3 floats")
+    moved = json.loads(json.dumps(old))
+    moved["arrays"]["probs"][0] = 0.5328383445739746           # one fp32 step (2^-24 relative) away
+    ok, text = results.same_values(old, moved)
+    assert ok and text.startswith("1 of 3 floats differ") and "1.1e-07" in text
+    for change, where in ((lambda v: v["arrays"]["probs"].__setitem__(1, 0.1179), "value.arrays.probs[1]"),
+                          (lambda v: v["arrays"]["scores"].__setitem__(0, 2), "value.arrays.scores[0]"),
+                          (lambda v: v["arrays"]["scores"].__setitem__(0, 1.0), "value.arrays.scores[0]"),
+                          (lambda v: v["text"].__setitem__(0, "The answer is 4."), "value.text[0]"),
+                          (lambda v: v["text"].append("x"), "value.text: 1 items against 2"),
+                          (lambda v: v.pop("nan"), "value: keys ['nan'] in one only")):
+        changed = json.loads(json.dumps(old))
+        change(changed)
+        ok, text = results.same_values(old, changed)
+        assert not ok and text.startswith(where), (where, text)
