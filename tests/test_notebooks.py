@@ -44,6 +44,17 @@ def test_notebook_is_clean_and_parameterised(stem):
 
 
 @pytest.mark.parametrize("stem", STEMS)
+def test_the_last_code_cell_writes_the_metrics_and_shows_the_verdicts(stem):
+    """A notebook ends on its verdict table (00, which has no claims, on its baseline table), after run.finish()."""
+    nb = nbformat.read(runner.NOTEBOOKS / f"{stem}.ipynb", as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    lines = code[-1].rstrip().splitlines()
+    assert sum("run.finish()" in s for s in code) == 1 and "run.finish()" in lines[-2]
+    claims = any("run.claim(" in s for s in code)
+    assert (lines[-1] == "run.claims_table()") == claims, lines[-1]
+
+
+@pytest.mark.parametrize("stem", STEMS)
 def test_papermill_reads_every_parameter_line(stem, caplog):
     """papermill parses the parameters cell line by line (to list and inject parameters); a line it cannot read
     (e.g. an '=' inside a comment) prints 'Unable to parse line N' on every run."""
