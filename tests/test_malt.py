@@ -683,3 +683,20 @@ def test_figures_show_each_training_seed():
     malt_eval.plot_losses(trained, axes, 0.1, "sft")
     assert len(axes[0].lines) == 3 * len(malt.POOLINGS) * len(malt.ROLES)      # one line per seed, pooling and role
     plt.close("all")
+
+
+def test_notebook_05s_keys_come_from_its_parameters_and_each_holds_what_it_depends_on():
+    """Trees, training and held-out chains: a setting changes exactly the keys of what it feeds."""
+    from replication.core import params
+    from replication.papers.malt import malt_runs
+
+    cell = params.cell_values(config.ROOT / "notebooks/05_malt_trajectory_trees.ipynb")
+    worked = tasks.worked_examples(cell["level"], cell["shots"], 0)
+    base = malt_runs.keys(params.build("05_malt_trajectory_trees", cell), worked)
+    assert base[0]["seed"] == 0 and "data_seed" not in base[0] and base[1].items() >= base[0].items()
+    for name, value, changed in (("n_branch", 4, (1, 1, 1)), ("temperature", 0.9, (1, 1, 1)),
+                                 ("sft_lr", 3e-4, (0, 1, 1)), ("dpo_beta", 0.2, (0, 1, 1)),
+                                 ("votes", 5, (0, 0, 1)), ("n_heldout", 300, (0, 0, 1)), ("seed", 1, (1, 1, 1))):
+        moved = malt_runs.keys(params.build("05_malt_trajectory_trees", {**cell, name: value}), worked)
+        assert tuple(int(a != b) for a, b in zip(base, moved)) == changed, name
+    assert malt_runs.keys(params.build("05_malt_trajectory_trees", {**cell, "seed": 1}), worked)[0]["data_seed"] == 1

@@ -6,8 +6,22 @@ workers=1 everything is made here, one after another, as the notebook did before
 import functools
 
 from replication.core import cache
-from replication.lm import models, parallel
+from replication.lm import arms, models, parallel
 from . import malt, malt_eval, malt_training
+
+
+def keys(params, worked) -> tuple:
+    """Notebook 05's cache keys from its parameters (run.params) and worked examples: (trees, training, held-out
+    chains), each holding the one before. Their "seed" is the notebook's; a training seed's entries replace it by
+    their own (the questions stay those of the notebook's seed, arms.data_key)."""
+    P = params
+    trees = {"model": P.model, "level": P.level, "n": P.n_branch, "questions": P.train_questions + P.val_questions,
+             "tokens": (P.gen_tokens, P.ver_tokens, P.ref_tokens), "temperature": P.temperature,
+             "rollout_dtype": P.rollout_dtype, "seed": P.seed, "prompts": malt.prompt_key(worked),
+             "batch_size": P.batch_size, **arms.data_key(P.seed)}
+    training = {**trees, "reference": P.reference, "r": P.lora_r, "sft": [P.sft_lr, P.sft_epochs, P.max_sft],
+                "dpo": [P.dpo_lr, P.dpo_epochs, P.dpo_beta, P.max_pairs], "train_questions": P.train_questions}
+    return trees, training, {**training, "eval": P.n_heldout, "votes": P.votes}
 
 
 def _fresh_model(model_name: str, lora_r: int):
