@@ -1,5 +1,6 @@
 """Multi-Agent Evolve's arm runs side by side: each run trains in a worker process into its run folder, and the
 notebook's model reads it back as a finished run (mae.run_arm), so every later cell sees the same adapters."""
+from dataclasses import asdict
 from typing import Optional
 
 from replication.lm import loop, models, parallel
@@ -32,3 +33,43 @@ def run_arms(model, tok, model_name: str, runs, workers: int = 1, keep: Optional
 
     results, _ = parallel.made_then_read(range(len(runs)), pending, train_in_folder, read, workers, "arm runs")
     return holder[0], results
+
+
+class Keys:
+    """Notebook 06's cache keys from its parameters (run.params), held-out questions and worked examples, so no cell
+    writes one by hand. `heldout` keys the base model's greedy held-out replies and is the root of the others;
+    `arm(key, seeds, cfg)` adds one arm's run (mae.run_key) to any of them."""
+
+    def __init__(self, params, heldout, shots):
+        P = self.params = params
+        self.heldout = {"model": P.model, "heldout": [p.id for p in heldout], "tokens": P.eval_tokens,
+                        "shots": [s.id for s in shots], "batch_size": P.batch_size}
+        self.sampled = {**self.heldout, "temperature": P.temperature}
+        self.judge = {**self.heldout, "judge_tokens": P.judge_tokens, "temperature": P.temperature,
+                      "rule": P.score_rule}
+        self.probe = {**self.judge, "n": P.n_probe}
+
+    def arm(self, key: dict, seeds, cfg: mae.MAEConfig) -> dict:
+        """`key` with the arm's run: its model, seed questions and loop settings."""
+        return {**key, **mae.run_key(self.params.model, seeds, cfg)}
+
+    def corpus(self, problems) -> dict:
+        """The questions of known quality, rated by the judge (the filter's check)."""
+        P = self.params
+        return {"model": P.model, "problems": [p.id for p in problems], "judge_tokens": P.judge_tokens,
+                "temperature": P.temperature, "rule": P.score_rule, "threshold": P.quality_threshold}
+
+    def rates(self, questions) -> dict:
+        """The base model's sampled rate on the seed questions a loop drew."""
+        P = self.params
+        return {**self.heldout, "tokens": P.answer_tokens, "questions": list(questions), "k": P.rate_samples,
+                "temperature": P.temperature}
+
+    def trace(self, seeds, cfg: mae.MAEConfig) -> dict:
+        """Every iteration's adapter of one run on the first n_trace held-out questions."""
+        return {**self.arm(self.heldout, seeds, cfg), "n": self.params.n_trace, "temperature": self.params.temperature}
+
+    def sft(self, seeds, sft_cfg) -> dict:
+        """The SFT baseline's run on the seed questions' worked solutions (sft_cfg: mae_sft.sft_config)."""
+        return {**self.heldout, "seed_questions": [p.id for p in seeds], "lora_r": self.params.lora_r,
+                **asdict(sft_cfg)}
