@@ -312,3 +312,30 @@ def test_a_remade_entry_agrees_up_to_fp32_rounding_and_nothing_more():
         change(changed)
         ok, text = results.same_values(old, changed)
         assert not ok and text.startswith(where), (where, text)
+
+
+def test_the_keys_the_notebooks_build_from_their_defaults_name_stored_entries():
+    """The package builds each notebook's cache keys from run.params; for the committed default parameters they must
+    be the keys the store's entries were made under (a changed key would silently retrain, not read the store)."""
+    from replication import settings  # noqa: F401  (registers the parameter classes)
+    from replication.core import config, files, params
+    from replication.lm import tasks
+    from replication.papers.elo_evolve import evolve_runs, judging, noise
+    from replication.setup import yardstick
+
+    def defaults(stem):
+        return params.build(stem, params.cell_values(config.ROOT / "notebooks" / f"{stem}.ipynb"))
+
+    def stored(stem, name, key):
+        return f"{name}-{files.digest(key)}" in store.manifest(store.default_root(), stem)["entries"]
+
+    P = defaults("00_setup_and_baselines")
+    replies, _, base = yardstick.keys(P)
+    assert stored("00_setup_and_baselines", "base_replies", replies)
+    assert stored("00_setup_and_baselines", "yardstick_base", base)
+    assert stored("01_noise_analysis", "judged", noise.judge_key(defaults("01_noise_analysis")))
+    P = defaults("02_elo_dynamics")
+    _, heldout = tasks.split(P.level, P.n_train, P.n_heldout, seed=P.seed)
+    reference, _ = evolve_runs.keys(P, heldout, judging.quality_noise(P.sigma_comp, P.abs_noise_ratio)["sigma_abs"])
+    assert stored("02_elo_dynamics", "evolve_reference", reference)
+    assert not stored("02_elo_dynamics", "evolve_reference", {**reference, "shots": P.shots + 1})

@@ -87,6 +87,18 @@ def train_curve(model, tok, train, heldout, shots, cfg: grpo.GRPOConfig, steps: 
     return rows
 
 
+def keys(params) -> tuple:
+    """Notebook 00's cache keys from its parameters (run.params): (the base model's replies per level, the
+    yardstick's settings (seed_run adds a training seed's GRPO config), the base model's held-out row)."""
+    P = params
+    replies = {"model": P.model, "levels": P.levels, "n_per_level": P.n_per_level, "max_new_tokens": P.max_new_tokens,
+               "batch_size": P.batch_size, "seed": P.seed}
+    settings = {"model": P.model, "level": P.yardstick_level, "shots": P.shots, "n_train": P.n_train,
+                "n_heldout": P.n_heldout, "lora_r": P.lora_r, "prompts": P.prompts_per_step, "eval_every": P.eval_every,
+                "seed": P.seed}
+    return replies, settings, {**settings, "tokens": P.step_tokens}
+
+
 def seed_run(key: dict, cfg: grpo.GRPOConfig, training_seed: int) -> tuple:
     """The GRPO config and run-folder key of one training seed: the seed replaces cfg.seed (the training problems
     drawn each step, the rollout sampling) and the key's seed. key: the run's settings with the notebook's seed, so

@@ -14,6 +14,17 @@ from replication.lm import models, parallel
 from . import evolve, evolve_eval, judging
 
 
+def keys(params, heldout, sigma_abs: float) -> tuple:
+    """Notebook 02's keys from its parameters (run.params) and held-out problems: (the base model's greedy held-out
+    replies, the training judge's settings that every arm run's key holds; sigma_abs: judging.quality_noise's)."""
+    P = params
+    reference = {"model": P.model, "heldout": [p.id for p in heldout], "shots": P.shots,
+                 "max_new_tokens": P.max_new_tokens}
+    return reference, {"judge": P.judge, "judge_model": P.judge_model, "judge_shots": P.judge_shots,
+                       "sigma_comp": P.sigma_comp, "sigma_abs": sigma_abs, "level": P.level, "shots": P.shots,
+                       "n_train": P.n_train, "n_heldout": P.n_heldout}
+
+
 def arm_runs(run_folder, regimes: dict, seeds, grpo_cfg, model_name: str, lora_r: int, pool: dict, ratings,
              judge_key: dict) -> list:
     """One run per arm and training seed, arm by arm: dicts of name, seed, cfg and grpo_cfg (the seed's; the first

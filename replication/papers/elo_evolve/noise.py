@@ -15,6 +15,16 @@ from replication.core.stats import proportion_ci
 from replication.lm import judges
 
 
+def judge_key(params) -> dict:
+    """Notebook 01's key of the real judge's scores and comparisons (judge_corpus), from its parameters (run.params):
+    the corpus and pairs follow from the question count, pairs per question and seed."""
+    from replication.lm import tasks
+
+    P = params
+    return {"model": P.model, "judge_questions": P.judge_questions, "pairs_per_question": P.pairs_per_question,
+            "k": P.k, "seed": P.seed, "instruction": tasks.INSTRUCTION, "batch_size": P.batch_size}
+
+
 def _as_scores(quality, scores, scale):
     q = np.asarray(quality, dtype=float)
     s = np.asarray(scores, dtype=float)
