@@ -330,9 +330,9 @@ def test_the_keys_the_notebooks_build_from_their_defaults_name_stored_entries():
         return f"{name}-{files.digest(key)}" in store.manifest(store.default_root(), stem)["entries"]
 
     P = defaults("00_setup_and_baselines")
-    replies, _, base = yardstick.keys(P)
-    assert stored("00_setup_and_baselines", "base_replies", replies)
-    assert stored("00_setup_and_baselines", "yardstick_base", base)
+    keys = yardstick.keys(P)
+    for name, which in (("base_replies", "replies"), ("sampling_table", "sampling"), ("yardstick_base", "base")):
+        assert stored("00_setup_and_baselines", name, keys[which]), name
     assert stored("01_noise_analysis", "judged", noise.judge_key(defaults("01_noise_analysis")))
     P = defaults("02_elo_dynamics")
     _, heldout = tasks.split(P.level, P.n_train, P.n_heldout, seed=P.seed)

@@ -87,16 +87,29 @@ def train_curve(model, tok, train, heldout, shots, cfg: grpo.GRPOConfig, steps: 
     return rows
 
 
-def keys(params) -> tuple:
-    """Notebook 00's cache keys from its parameters (run.params): (the base model's replies per level, the
-    yardstick's settings (seed_run adds a training seed's GRPO config), the base model's held-out row)."""
+def keys(params) -> dict:
+    """Notebook 00's cache keys from its parameters (run.params): the base model's replies per level, the sampling
+    table of the candidates, the yardstick's settings (seed_run adds a training seed's GRPO config) and the base
+    model's held-out row."""
     P = params
-    replies = {"model": P.model, "levels": P.levels, "n_per_level": P.n_per_level, "max_new_tokens": P.max_new_tokens,
-               "batch_size": P.batch_size, "seed": P.seed}
     settings = {"model": P.model, "level": P.yardstick_level, "shots": P.shots, "n_train": P.n_train,
                 "n_heldout": P.n_heldout, "lora_r": P.lora_r, "prompts": P.prompts_per_step, "eval_every": P.eval_every,
                 "seed": P.seed}
-    return replies, settings, {**settings, "tokens": P.step_tokens}
+    return {"replies": {"model": P.model, "levels": P.levels, "n_per_level": P.n_per_level,
+                        "max_new_tokens": P.max_new_tokens, "batch_size": P.batch_size, "seed": P.seed},
+            "sampling": {"model": P.model, "candidates": list(candidates(P)), "n": P.sampling_problems,
+                         "G": P.group_size, "T": P.rollout_temperature, "tokens": P.step_tokens, "seed": P.seed},
+            "settings": settings, "base": {**settings, "tokens": P.step_tokens}}
+
+
+def candidates(params) -> dict:
+    """The sampling table's rows: each candidate level with each number of worked examples, as (problems, worked
+    examples) under a name such as "2d-1step-add, 3 shots"."""
+    P = params
+    return {f"{lv}, {k} shots": (tasks.make_level(lv, P.sampling_problems,
+                                                  seed=config.derive_seed(P.seed, "sampling", lv)),
+                                 tasks.worked_examples(lv, k, seed=P.seed))
+            for lv in P.candidate_levels for k in P.candidate_shots}
 
 
 def seed_run(key: dict, cfg: grpo.GRPOConfig, training_seed: int) -> tuple:
