@@ -74,3 +74,16 @@ def test_arm_runs_side_by_side_equal_the_runs_made_here_at_one_thread(tmp_path):
     assert _plain(again) == _plain(side) and phases.reused_profile()["entries"] == 2 * len(side)   # run and judging
     with pytest.raises(ValueError, match="workers=0"):
         evolve_runs.train_arms([], None, tmp_path, None, setup[-1], [], [], [], {}, [], workers=0)
+
+
+def test_notebook_02s_grpo_config_comes_from_its_parameters_in_one_place():
+    """kl_beta None is the paper's KL coefficient; every other field is the parameter of the same meaning."""
+    from replication import settings  # noqa: F401
+    from replication.core import config, paper, params
+
+    cell = params.cell_values(config.ROOT / "notebooks" / "02_elo_dynamics.ipynb")
+    P = params.build("02_elo_dynamics", {**cell, "lr": 1e-4, "group_size": 6})
+    g = evolve_runs.grpo_config(P)
+    assert g.kl_beta == paper.value("elo_evolve_temperature", quantity="kl_beta") and cell["kl_beta"] is None
+    assert (g.lr, g.num_generations, g.save_every, g.seed) == (1e-4, 6, P.train_degrade_step, P.seed)
+    assert evolve_runs.grpo_config(params.build("02_elo_dynamics", {**cell, "kl_beta": 0.2})).kl_beta == 0.2

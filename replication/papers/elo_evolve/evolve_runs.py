@@ -9,9 +9,21 @@ import functools
 import time
 from dataclasses import replace
 
-from replication.core import cache, config
-from replication.lm import models, parallel
+from replication.core import cache, config, paper
+from replication.lm import grpo, models, parallel
 from . import evolve, evolve_eval, judging
+
+
+def grpo_config(params) -> grpo.GRPOConfig:
+    """Notebook 02's GRPO configuration from its parameters (run.params), its one source: kl_beta None is the paper's
+    KL coefficient (data/paper/); rollouts and updates in rollout_dtype; a checkpoint at train_degrade_step, for the
+    degraded arms' fork. Its seed is the notebook's; each training seed replaces it (arm_runs)."""
+    P = params
+    kl_beta = paper.value("elo_evolve_temperature", quantity="kl_beta") if P.kl_beta is None else P.kl_beta
+    return grpo.GRPOConfig(num_generations=P.group_size, max_new_tokens=P.max_new_tokens,
+                           temperature=P.rollout_temperature, lr=P.lr, kl_beta=kl_beta, seed=P.seed,
+                           save_every=P.train_degrade_step, rollout_dtype=P.rollout_dtype,
+                           update_dtype=P.rollout_dtype)
 
 
 def keys(params, heldout, sigma_abs: float) -> tuple:
