@@ -68,7 +68,8 @@ def report(argv) -> int:
     import argparse
 
     from replication.core import config
-    from . import report as rep, runner
+    from .ledger import report as rep
+    from .run import runner
 
     ap = argparse.ArgumentParser(prog="python -m replication report")
     ap.add_argument("--profile", default="default")
@@ -99,25 +100,25 @@ def dispatch(argv) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "run":
-        from . import runner
+        from .run import runner
 
         return runner.main(rest)
     if cmd == "report":
         return report(rest)
     if cmd == "compare":
-        from . import compare
+        from .ledger import compare
 
         return compare.main(rest)
     if cmd == "seeds":
-        from . import seeds
+        from .ledger import seeds
 
         return seeds.main(rest)
     if cmd == "store":
-        from . import results
+        from .run import results
 
         return results.main(rest)
     if cmd == "glance":
-        from . import glance
+        from .ledger import glance
 
         return glance.main(rest)
     if cmd == "install-model":

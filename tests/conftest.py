@@ -1,7 +1,7 @@
 """Shared fixtures: a tiny random model, an isolated runs folder, and one smoke run of every notebook."""
 import pytest
 
-from replication import runner
+from replication.run import runner
 from replication.lm import models
 
 

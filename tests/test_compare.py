@@ -1,4 +1,4 @@
-"""Two ledgers side by side (replication.compare): pairing, the changed verdicts named, the sources it reads, and
+"""Two ledgers side by side (replication.ledger.compare): pairing, the changed verdicts named, the sources it reads, and
 the runner's line after a rerun."""
 import json
 import subprocess
@@ -7,7 +7,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from replication import compare, runner
+from replication.ledger import compare
+
+from replication.run import runner
 from replication.core import config
 
 
@@ -105,7 +107,7 @@ def test_runner_logs_the_verdicts_that_changed_since_the_recorded_run(tmp_path, 
     cell = new_code_cell("profile = 'default'\nseed = 0\nn = 3")
     cell.metadata["tags"] = ["parameters"]
     nb.cells = [cell, new_code_cell(
-        "from replication import workbook\nrun = workbook.start('01_one', profile=profile, seed=seed)\n"
+        "from replication.run import workbook\nrun = workbook.start('01_one', profile=profile, seed=seed)\n"
         "run.claim(f'n is small (n = {n})', 'small', str(n), 'arithmetic', 'counted', holds=n < 4)\nrun.finish()")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, folder / "01_one.ipynb")

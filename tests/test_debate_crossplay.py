@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from replication import settings  # noqa: F401  (registers the notebooks' parameter classes)
+from replication.run import settings  # noqa: F401  (registers the notebooks' parameter classes)
 from replication.core import config, params, stats, verdicts
 from replication.lm import elo
 from replication.papers.debate import crossplay, debate, debate_sim, stories

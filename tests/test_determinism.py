@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from replication import digests, runner
+from replication.ledger import digests, provenance
+
+from replication.run import runner
 
 STEMS = runner.list_notebooks()
 
@@ -139,7 +141,7 @@ def test_same_config_gives_the_same_numbers(stem, smoke_run, second_run):
         parted = cache_differences(first / "smoke/cache" / stem, second / "smoke/cache" / stem)
         pytest.fail(f"{stem}: two runs of one config differ at {len(diff)} key(s):\n  " + "\n  ".join(diff[:40]) +
                     f"\ncached results that differ, oldest first: {parted[:10] or 'none'}"
-                    f"\nCPU: {runner.machine()}; bf16 instruction sets: {runner.cpu_bf16()}")
+                    f"\nCPU: {provenance.machine()}; bf16 instruction sets: {runner.cpu_bf16()}")
     figs = [n for f in a["figures"] for n in f["files"] if n.rsplit(".", 1)[0] not in digests.TIMED_FIGURES]
     changed = [n for n in figs if digests.file_sha256(first / "smoke/figures" / n) !=
                digests.file_sha256(second / "smoke/figures" / n)]

@@ -70,7 +70,7 @@ def test_use_device_resolves_and_names_a_device_it_cannot_use(monkeypatch):
 def test_the_device_is_described_as_it_resolves_with_the_gpus_name(gpus, monkeypatch):
     """What the metrics' `device` and the figure digests' `accelerator` part record (no GPU here: torch's answers
     are patched): the CPU, or the GPU by name, also where the CPU beside it has bf16 kernels of its own."""
-    from replication import runner
+    from replication.run import runner
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
@@ -106,7 +106,7 @@ def test_advantages_follow_the_rollouts_device():
 
 
 def test_every_notebook_takes_a_device_and_checks_it():
-    from replication import settings  # noqa: F401  (registers the classes)
+    from replication.run import settings  # noqa: F401  (registers the classes)
     from replication.core import config, params
 
     for stem in config.list_notebooks():
@@ -118,7 +118,7 @@ def test_every_notebook_takes_a_device_and_checks_it():
 
 
 def test_the_gpu_profile_refuses_on_a_cpu_unless_asked_for_cpu_speed(monkeypatch, tmp_path):
-    from replication import runner
+    from replication.run import runner
 
     monkeypatch.setenv("REPLICATION_RUNS", str(tmp_path / "runs"))
     monkeypatch.setattr(runner, "gpu_available", lambda: False)
@@ -162,7 +162,7 @@ def test_start_resolves_auto_precision_in_the_params_and_the_notebook(kernels, w
     """What a notebook sees after `run = workbook.start(stem, globals())`: the resolved precision, in run.params
     (so in the metrics record and every cache key built from it) and in its own `rollout_dtype`; a precision
     named in the cell is kept as it is."""
-    from replication import settings, workbook  # noqa: F401  (registers the classes)
+    from replication.run import settings, workbook  # noqa: F401  (registers the classes)
     from replication.core import config, params
 
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: kernels)
@@ -187,7 +187,7 @@ def test_auto_precision_follows_the_results_store_on_a_cpu_of_another_kind(store
                                                                            capsys):
     """A default run on a CPU without bf16 kernels reads "auto" as the store's entries were made (bfloat16 where they
     were made with bf16 kernels), so it finds them; with the store off (--retrain) "auto" is this machine's choice."""
-    from replication import settings, workbook  # noqa: F401  (registers the classes)
+    from replication.run import settings, workbook  # noqa: F401  (registers the classes)
     from replication.core import config, files, params, store
 
     stem = "02_elo_dynamics"

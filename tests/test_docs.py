@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from replication import glance
+from replication.ledger import glance
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "replication/setup/README.md"] + [

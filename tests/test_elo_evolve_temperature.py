@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from replication import runner
+from replication.run import runner
 from replication.core import params as core_params
 from replication.core import paper
 from replication.lm import elo, grpo, loop, models, tasks, training

@@ -477,7 +477,7 @@ def test_a_training_seed_changes_the_draws_and_the_run_folder(tmp_path):
 
 
 def test_training_seeds_and_simulation_seeds_are_two_parameters():
-    from replication import runner
+    from replication.run import runner
     from replication.core import params as core_params
     from replication.papers.elo_evolve.params import EloDynamics
 

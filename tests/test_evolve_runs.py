@@ -78,7 +78,7 @@ def test_arm_runs_side_by_side_equal_the_runs_made_here_at_one_thread(tmp_path):
 
 def test_notebook_02s_grpo_config_comes_from_its_parameters_in_one_place():
     """kl_beta None is the paper's KL coefficient; every other field is the parameter of the same meaning."""
-    from replication import settings  # noqa: F401
+    from replication.run import settings  # noqa: F401
     from replication.core import config, paper, params
 
     cell = params.cell_values(config.ROOT / "notebooks" / "02_elo_dynamics.ipynb")

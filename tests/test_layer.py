@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
-from replication import settings, workbook  # noqa: F401
+from replication.run import settings, workbook  # noqa: F401
 from replication.core import cache, paper, params
 from replication.lm import loop, models  # noqa: F401
 

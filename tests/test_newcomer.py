@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from replication import report, runner
+from replication.ledger import report
+
+from replication.run import runner
 from replication.core import config, offline
 
 ROOT = Path(__file__).resolve().parents[1]

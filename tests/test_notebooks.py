@@ -5,7 +5,7 @@ import json
 import nbformat
 import pytest
 
-from replication import runner, settings  # noqa: F401  (settings registers the classes)
+from replication.run import runner, settings  # noqa: F401  (settings registers the classes)
 from replication.core import config, params, verdicts
 
 STEMS = runner.list_notebooks()

@@ -1,5 +1,5 @@
 """How many seeds a comparison needs (replication.core.power) and the command that plans a ledger's rows
-(replication.seeds): the simulation against statsmodels' and scipy's closed forms, the question part read back from a
+(replication.ledger.seeds): the simulation against statsmodels' and scipy's closed forms, the question part read back from a
 recorded interval, and why the rule dropped its every-seed clause (more seeds made 'reproduced' rarer)."""
 import json
 import math
@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import norm
 from statsmodels.stats.power import TTestPower
 
-from replication import seeds as seeds_cli
+from replication.ledger import seeds as seeds_cli
 from replication.core import power, stats
 
 

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from replication import report
+from replication.ledger import report
 
 
 def test_widget_outputs_become_the_text_of_their_final_state():
@@ -66,7 +66,7 @@ def claim_row(claim, verdict, interval, **kw):
 
 
 def test_forest_rows_are_in_the_papers_direction_with_seeds_and_effect():
-    from replication import forest
+    from replication.ledger import forest
     from replication.core import fmt
 
     claims = [claim_row("up [2d sums; judge: the verifier]", "reproduced", [0.1, 0.3], estimate=0.2,
@@ -85,7 +85,7 @@ def test_forest_rows_are_in_the_papers_direction_with_seeds_and_effect():
 
 
 def test_forest_panels_by_unit_each_in_its_own_scale():
-    from replication import forest
+    from replication.ledger import forest
 
     elo = claim_row("gap", "reproduced", [51.2, 116.4], measured="mean E^C - E^I (Elo): +84")
     auc = claim_row("auc", "inconclusive", [-0.06, 0.07], measured="within-question AUC mean - product +0.006")
@@ -103,7 +103,7 @@ def test_forest_panels_by_unit_each_in_its_own_scale():
 
 
 def test_forest_plot_is_written_once_per_ledger(tmp_path):
-    from replication import forest
+    from replication.ledger import forest
 
     claims = [claim_row("a", "reproduced", [0.1, 0.3], seed_differences=[0.1, 0.2]),
               claim_row("b", "not reproduced", [-0.5, float("-inf")][::-1], direction=-1)]
@@ -131,7 +131,7 @@ def test_long_cells_are_cut_with_the_full_text_one_click_away():
 def test_ledger_rows_over_seeds_say_how_a_rerun_would_read():
     """The rerun cell is the projection of `python -m replication seeds` at the row's own number of seeds: a row whose
     seeds straddle the rule's edge reads two verdicts, one far from it one; a row of one run or without seeds '-'."""
-    from replication import seeds
+    from replication.ledger import seeds
     from replication.core import power
 
     edge = claim_row("edge", "reproduced", [0.010, 0.170], estimate=0.09, seed_differences=[0.045, 0.13, 0.095])
@@ -154,7 +154,7 @@ def test_the_rerun_cell_plans_for_5_and_10_seeds_and_carries_the_uncertainty_of_
     """Beside the chances at the row's own seeds, the cell gives the likeliest verdict at 5 and 10, and each chance
     with its range over the seed SD's 90% interval (from three seeds, about 0.58x to 4.4x): a boundary row's
     `reproduced` ranges widely, and more seeds make it likelier at the measured SD."""
-    from replication import seeds
+    from replication.ledger import seeds
     from replication.core import power
 
     edge = claim_row("edge", "reproduced", [0.010, 0.170], estimate=0.09, seed_differences=[0.045, 0.13, 0.095])

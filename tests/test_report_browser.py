@@ -17,7 +17,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from replication import runner
+from replication.run import runner
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 CHROMIUM = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
@@ -120,7 +120,7 @@ def tiny_book(folder: Path) -> Path:
     params = new_code_cell("profile = 'default'\nseed = 0\nn = 3")
     params.metadata["tags"] = ["parameters"]
     nb.cells = [new_markdown_cell(MARKDOWN), params, new_code_cell(
-        'from replication import workbook\nfrom replication.core.figures import savefig\nimport matplotlib.pyplot as plt\n'
+        'from replication.run import workbook\nfrom replication.core.figures import savefig\nimport matplotlib.pyplot as plt\n'
         'from tqdm.auto import tqdm\nrun = workbook.start("01_first", profile=profile, seed=seed)\n'
         'for i in tqdm(range(n), desc="inner"):\n    pass\n'
         'plt.plot(range(n))\nsavefig("01a_line", "A line of $n$ points.")\n'

@@ -7,11 +7,13 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from replication import digests, report, runner
+from replication.ledger import digests, provenance, report
+
+from replication.run import runner
 from replication.core import config, params
 
 BODY = """
-from replication import workbook
+from replication.run import workbook
 from replication.core.figures import savefig
 import matplotlib.pyplot as plt
 run = workbook.start("{stem}", profile=profile, seed=seed)
@@ -87,7 +89,7 @@ def test_data_change_re_executes(book, monkeypatch):
     """An edited paper number in data/ changes the verdicts it is read into: the notebook is not current."""
     runner.run("default", only="01", folder=book, report=False, log=lambda *_: None)
     assert runner.run("default", only="01", folder=book, report=False, log=lambda *_: None) == {"01_first": "skipped"}
-    monkeypatch.setattr(runner, "data_digest", lambda: "an edited data/paper csv")
+    monkeypatch.setattr(provenance, "data_digest", lambda: "an edited data/paper csv")
     assert runner.run("default", only="01", folder=book, report=False, log=lambda *_: None) == {"01_first": "executed"}
 
 
@@ -140,8 +142,8 @@ def test_dead_kernel_gives_one_line_and_keeps_earlier_outputs(book, runs):
 
 
 def test_figure_digests_say_which_figures_changed_and_why(book, runs, tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "package_digest", lambda: "package")  # others may edit the package meanwhile
-    monkeypatch.setattr(runner, "data_digest", lambda: "data")
+    monkeypatch.setattr(provenance, "package_digest", lambda: "package")  # others may edit the package meanwhile
+    monkeypatch.setattr(provenance, "data_digest", lambda: "data")
     logs = []
 
     def rerun(**kw):
@@ -211,7 +213,7 @@ def test_by_hand_run_writes_scratch_only_and_runner_reruns_when_outputs_change(b
     import papermill as pm
 
     monkeypatch.delenv(config.RUNNER_ENV, raising=False)
-    monkeypatch.setattr(runner, "package_digest", lambda: "package")  # others may edit the package meanwhile
+    monkeypatch.setattr(provenance, "package_digest", lambda: "package")  # others may edit the package meanwhile
     runner.run("default", only="01", folder=book, log=lambda *_: None)
     figures, metrics = snapshot(tmp_path / "figures"), snapshot(runs / "default/metrics")
     assert "01a_line.png" in figures and "README.md" in figures and "01_first.json" in metrics
@@ -298,7 +300,7 @@ def test_one_off_overrides_go_to_a_run_folder_of_their_own(book, runs, tmp_path,
 
 PROFILED = '''
 from dataclasses import dataclass
-from replication import workbook
+from replication.run import workbook
 from replication.core import params
 
 @params.notebook("03_third")
@@ -441,7 +443,7 @@ def test_a_copy_installed_apart_from_its_clone_stops_with_one_line(tmp_path, cap
 
 SIDE_BY_SIDE = """
 import os, time
-from replication import workbook
+from replication.run import workbook
 run = workbook.start("{stem}", profile=profile, seed=seed)
 start = time.time()
 time.sleep(4)

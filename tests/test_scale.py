@@ -328,7 +328,7 @@ def test_each_paper_config_matches_its_notebooks_paper_profile_and_is_named_ther
     says which command runs its experiment at the paper's scale."""
     import nbformat
 
-    from replication import runner
+    from replication.run import runner
     from replication.core import params
     from replication.scale import configs
 

@@ -204,7 +204,7 @@ def test_the_committed_store_is_intact_and_small():
 
 
 def test_retrain_names_notebooks_as_only_does(tmp_path):
-    from replication import runner
+    from replication.run import runner
 
     stems = ["00_a", "01_b", "03_c"]
     for s in stems:
@@ -226,7 +226,7 @@ def test_execution_token_marks_what_this_execution_made(tmp_path):
 
 BODY = """
 import os
-from replication import workbook
+from replication.run import workbook
 run = workbook.start("{stem}", profile=profile, seed=seed)
 value = run.cached("pid", {{"n": n}}, lambda: {{"pid": os.getpid()}})
 run.claim("made by a process", "-", str(value["pid"]), "real model", "counted", holds=True)
@@ -240,7 +240,7 @@ def test_the_runner_reads_the_store_and_retrain_ignores_it(tmp_path, monkeypatch
     import nbformat
     from nbformat.v4 import new_code_cell, new_notebook
 
-    from replication import runner
+    from replication.run import runner
 
     book = tmp_path / "notebooks"
     (book / "params").mkdir(parents=True)
@@ -277,7 +277,7 @@ def test_the_runner_reads_the_store_and_retrain_ignores_it(tmp_path, monkeypatch
 
 def test_remake_picks_the_cheapest_fp32_entries(tmp_path):
     """CI re-makes each notebook's cheapest fp32 entry: the fewest seconds to make, never a bf16 one or a training run."""
-    from replication import results
+    from replication.run import results
 
     entries = {"slow-1": {"kind": "json", "key": {"dtype": "float32"}, "seconds": 300.0, "made_at": 1},
                "quick-2": {"kind": "frame", "key": {"n": 3}, "seconds": 20.0, "made_at": 2},
@@ -292,7 +292,7 @@ def test_remake_picks_the_cheapest_fp32_entries(tmp_path):
 
 def test_a_remade_entry_agrees_up_to_fp32_rounding_and_nothing_more():
     """Another CPU may add a sum's terms in another order: floats may move in the last digits, nothing else may."""
-    from replication import results
+    from replication.run import results
 
     old = {"arrays": {"probs": [0.5328382849693298, 0.1178], "scores": [1, 5]}, "text": ["The answer is 3."],
            "nan": float("nan")}
@@ -317,7 +317,7 @@ def test_a_remade_entry_agrees_up_to_fp32_rounding_and_nothing_more():
 def test_the_keys_the_notebooks_build_from_their_defaults_name_stored_entries():
     """The package builds each notebook's cache keys from run.params; for the committed default parameters they must
     be the keys the store's entries were made under (a changed key would silently retrain, not read the store)."""
-    from replication import settings  # noqa: F401  (registers the parameter classes)
+    from replication.run import settings  # noqa: F401  (registers the parameter classes)
     from replication.core import config, files, params
     from replication.lm import tasks
     from replication.papers.elo_evolve import evolve_runs, judging, noise

@@ -81,27 +81,32 @@ def test_no_import_circles():
     assert not cycles(graph()), cycles(graph())
 
 
-# ---- layers: core < lm < one folder per paper (and notebook 00's setup) < scale < the run machinery --------------
+# ---- layers: core < lm < one folder per paper (and notebook 00's setup) < scale < the ledger < the run machinery ---
+
+FOLDERS = {"core", "lm", "setup", "scale", "ledger", "run"}
+
 
 def layer(module: str) -> str:
-    """The layer a module belongs to: core, lm, papers.<paper>, setup, scale, or run (the package's top level:
-    the runner, the workbook record, the report, the parameter registry, the command line)."""
+    """The layer a module belongs to: core, lm, papers.<paper>, setup, scale, ledger (the index, report, forest plot,
+    comparison, rerun projection, digests and provenance stamp) or run (the runner, the workbook record, the
+    parameter registry, the store's command line, and the package's top level: the command line)."""
     parts = module.split(".")
     if len(parts) == 1:
         return "run"
     if parts[1] == "papers":
         return ".".join(parts[1:3]) if len(parts) > 2 else "papers"
-    return parts[1] if len(parts) > 2 or parts[1] in {"core", "lm", "setup", "scale"} else "run"
+    return parts[1] if parts[1] in FOLDERS else "run"
 
 
 def allowed(src: str, dst: str) -> bool:
     """core imports only core; lm imports core and lm; a paper (or notebook 00's setup) imports core, lm and its own
-    folder, never another paper; scale imports everything below it; the run machinery imports any layer."""
+    folder, never another paper; scale imports everything below it; the ledger reads what runs wrote, with the
+    core's help only; the run machinery imports any layer."""
     a, b = layer(src), layer(dst)
-    if a == b or b == "run" and dst == "replication":  # the package root holds only __version__
+    if a == b or dst == "replication":  # the package root holds only __version__
         return True
-    below = {"core": set(), "lm": {"core"}, "scale": {"core", "lm", "setup", "papers"}, "run": {"core", "lm", "setup",
-             "papers", "scale"}}
+    below = {"core": set(), "lm": {"core"}, "scale": {"core", "lm", "setup", "papers"}, "ledger": {"core"},
+             "run": {"core", "lm", "setup", "papers", "scale", "ledger"}}
     if a in below:
         return b in below[a] or b.startswith("papers.") and "papers" in below[a]
     if a.startswith("papers.") or a in ("setup", "papers"):
@@ -137,7 +142,7 @@ def test_layer_check_fails_on_core_importing_a_paper(tmp_path):
 def test_core_and_the_runner_import_no_torch():
     """The core layer, the runner and the parameter registry load without torch (or a model): the runner checks
     parameters before any kernel starts, and the core holds no model machinery."""
-    names = sorted(m for m in modules() if layer(m) == "core") + ["replication.runner", "replication.settings"]
+    names = sorted(m for m in modules() if layer(m) == "core") + ["replication.run.runner", "replication.run.settings"]
     code = ("import importlib, sys\n"
             f"for m in {names!r}:\n    importlib.import_module(m)\n"
             "print(sorted(k for k in ('torch', 'transformers', 'peft') if k in sys.modules))")
@@ -146,7 +151,7 @@ def test_core_and_the_runner_import_no_torch():
 
 
 def test_every_notebook_has_its_parameter_class_beside_its_code():
-    from replication import settings  # noqa: F401  (registers the classes)
+    from replication.run import settings  # noqa: F401  (registers the classes)
     from replication.core import params
 
     assert sorted(params.REGISTRY) == [p.stem for p in NOTEBOOKS]

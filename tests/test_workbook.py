@@ -9,7 +9,9 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
-from replication import seeds, workbook
+from replication.ledger import seeds
+
+from replication.run import workbook
 from replication.core import config, files, params, stats
 from replication.core.figures import savefig
 from replication.lm import models
@@ -67,7 +69,7 @@ def test_a_compound_claim_keeps_each_parts_interval_verdict_and_seeds(runs):
     """A compound claim's parts measured by intervals (verdicts.part) are recorded with their own interval, verdict and
     seeds; the row's verdict follows from the parts; the forest plot and the seeds projection draw each part on its
     own row, the ledger's interval cell names each part's, and ledger.md gives each part a line."""
-    from replication import forest, ledger
+    from replication.ledger import forest, table as ledger
     from replication.core import verdicts
 
     run = workbook.start("07_example", profile="smoke", seed=0)
@@ -306,7 +308,7 @@ def test_a_resumed_notebook_tallies_what_its_cached_results_took_when_made(tmp_p
 
 
 def test_the_index_shows_what_a_resumed_notebook_reused():
-    from replication import report
+    from replication.ledger import report
 
     assert report.reused_cell(None) == "-"
     assert report.reused_cell({"entries": 3, "seconds": 1234.4, "untimed": 0}) == "1234"

@@ -30,7 +30,7 @@ def savefig(name: str, caption: str, fig=None) -> None:
     nothing, so a notebook cell that ends with it shows no output (the paths are in the run's metrics)."""
     run = _run
     if run is None:
-        raise RuntimeError("no run started; call replication.workbook.start(notebook, globals()) first")
+        raise RuntimeError("no run started; call replication.run.workbook.start(notebook, globals()) first")
     if not re.fullmatch(r"\d\d[a-z]?_[a-z0-9_]+", name) or not name.startswith(run.number):
         raise ValueError(f"name={name!r} is not allowed; use '{run.number}<letter>_<what_it_shows>' in lower case")
     fig = fig or plt.gcf()

@@ -130,7 +130,7 @@ class Trained(LM):
     lora_r: int = p()
 
 
-REGISTRY = {}  # notebook stem -> parameter class (filled by replication.settings)
+REGISTRY = {}  # notebook stem -> parameter class (filled by replication.run.settings)
 
 
 def notebook(stem: str):

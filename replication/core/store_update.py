@@ -135,7 +135,7 @@ def fingerprint(notebook: str, folder: Path = None) -> str:
         tree = ast.parse(src.read_text())
         parts.append(mod + "\n" + _normalised(tree))
         todo.extend(_imports(tree, mod, src.name == "__init__.py"))
-        if mod == "replication.settings":   # it imports the parameter modules it finds (params.py files), not by name
+        if mod == "replication.run.settings":   # it imports the parameter modules it finds (params.py files), not by name
             todo.extend(".".join(p.relative_to(config.ROOT).with_suffix("").parts)
                         for p in (config.ROOT / "replication").rglob("params.py"))
     return files.digest(*sorted(parts))

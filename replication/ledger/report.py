@@ -2,11 +2,11 @@
 import html
 from pathlib import Path
 
-from replication import forest, seeds
 from replication.core import files, phases
 from replication.core.config import NOTEBOOKS, Paths, list_notebooks
-from replication.ledger import (LEDGER_COLUMNS, LONG_COLUMNS, SHORT, _cell, _md_cell, claim_anchor,  # noqa: F401
-                                ledger_md, short)
+from . import forest, seeds
+from .table import (LEDGER_COLUMNS, LONG_COLUMNS, SHORT, _cell, _md_cell, claim_anchor,  # noqa: F401
+                    ledger_md, short)
 
 
 def records(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> list:
@@ -139,7 +139,7 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
     forest_lines = ([f"![every comparative claim]({next(f for f in plotted if f.endswith('.png'))})", "",
                      "Every comparative claim: estimate, 95% interval, each training seed, the paper's effect where "
                      "comparable, in the paper's direction (right of 0 is the paper's side; "
-                     f"[how to read it](../replication/forest.py)).", ""] if plotted else [])
+                     f"[how to read it](../replication/ledger/forest.py)).", ""] if plotted else [])
     lines = [f"# Figures ({where})", "", *([f"> **{note}**", ""] if note else []),
              f"Written by `python -m replication run --profile {profile}`; do not edit by hand.", "",
              *forest_lines, "## Claims ledger", "",
@@ -216,7 +216,7 @@ def install_mathjax(report_dir: Path) -> Path:
             else:
                 target.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source / part, target / part)
-        files.write_text(marker, "copied from jupyter_server_mathjax by replication.report\n")
+        files.write_text(marker, "copied from jupyter_server_mathjax by replication.ledger.report\n")
     return target
 
 

@@ -29,7 +29,7 @@ def candidates(root: Path, notebook: str, n: int) -> list:
 
 def remake(n: int, root: Path, only=None, log=print) -> list:
     """Re-make candidates(root, notebook, n) of every stored notebook (or `only`) and compare: the problems found."""
-    from replication import runner
+    from replication.run import runner
 
     problems = []
     notebooks = only or [p.stem for p in sorted(root.glob("*.json"))]

@@ -12,9 +12,9 @@ and at 5 and 10: the ledger's `rerun` column and each notebook's closing table.
 import math
 import sys
 
-from replication.compare import load
 from replication.core import power, verdicts
 from replication.core.fmt import short_claim
+from .compare import load
 
 SHORT = {"reproduced": "R", "partly": "P", "inconclusive": "I", "not reproduced": "N"}
 

@@ -15,7 +15,7 @@ import nbformat
 
 from replication.core import config, console, files, offline, params, store
 from replication.core.config import BF16_FLAGS, NOTEBOOKS, Paths, cpu_bf16, list_notebooks  # noqa: F401
-from . import __version__, compare, digests, report as report_mod
+from replication.ledger import compare, digests, provenance, report as report_mod
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes, for --set checks)
 
 
@@ -132,41 +132,6 @@ def folder_name(profile: str, overrides: dict = None) -> str:
     return f"{profile}-set-{files.digest(overrides)[:8]}" if overrides else profile
 
 
-def package_digest() -> str:
-    """Hash of the package's source, so a code change re-executes the notebooks."""
-    srcs = sorted((config.ROOT / "replication").rglob("*.py"))
-    return files.digest(__version__, *[p.read_bytes() for p in srcs])
-
-
-def data_digest() -> str:
-    """Hash of data/ (the papers' numbers and the generated datasets the notebooks read)."""
-    data = config.ROOT / "data"
-    srcs = sorted(p for p in data.rglob("*") if p.is_file()) if data.is_dir() else []
-    return files.digest(*[x for p in srcs for x in (str(p.relative_to(data)), p.read_bytes())])
-
-
-def stamp(stem: str, params: dict, folder: Path = NOTEBOOKS) -> str:
-    """Identity of one execution: the notebook, its parameters, the package and data/ (the papers' numbers the
-    verdicts read)."""
-    return files.digest((Path(folder) / f"{stem}.ipynb").read_bytes(), params, package_digest(), data_digest())
-
-
-def machine() -> str:
-    """What CPU numerics depend on besides the code: the architecture and the thread count the kernels get."""
-    import os
-    import platform
-
-    return f"{platform.machine()}, threads {os.environ.get('OMP_NUM_THREADS') or f'default ({os.cpu_count()} cpus)'}"
-
-
-def stamp_parts(stem: str, params: dict, folder: Path = NOTEBOOKS) -> dict:
-    """The stamp's parts one by one, and data/, the machine, the CPU's bf16 instruction sets and the device the
-    models compute on: kept beside the figure digests to say why a figure changed."""
-    return {"notebook": files.digest((Path(folder) / f"{stem}.ipynb").read_bytes()), "params": files.digest(params),
-            "package": package_digest(), "data": data_digest(), "machine": machine(), "cpu_bf16": cpu_bf16(),
-            "accelerator": accelerator(params.get("device", "auto"))}
-
-
 def accelerator(device: str = "auto") -> str:
     """The device the notebook's models compute on, as its `device` parameter resolves here (models.describe_device:
     "cpu", or e.g. "cuda: NVIDIA H200 (CUDA 13.0)")."""
@@ -212,7 +177,7 @@ def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = Fal
     import papermill as pm
 
     params, paths = parameters(stem, profile, folder, overrides), Paths(profile, folder_name(profile, overrides))
-    key = stamp(stem, params, folder)
+    key = provenance.stamp(stem, params, folder)
     force = force or retrain
     if not force and paths.is_current(stem, key):
         log(f"[{stem}] current, skipped (use --force to re-execute)")
@@ -225,7 +190,7 @@ def execute(stem: str, profile: str, folder: Path = NOTEBOOKS, force: bool = Fal
     shutil.rmtree(staging, ignore_errors=True)
     log(f"[{stem}] executing with profile {profile!r}: {json.dumps(params)}"
         + (f" (one-off overrides: outputs in {paths.root})" if overrides else ""))
-    parts = stamp_parts(stem, params, folder)
+    parts = provenance.stamp_parts(stem, params, folder, accelerator(params.get("device", "auto")))
     t0 = time.time()
     source = Path(folder) / f"{stem}.ipynb"
     console.quiet()

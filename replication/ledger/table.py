@@ -2,8 +2,8 @@
 
 The table (figures/README.md, the HTML report) shows each cell cut short (`short`); ledger.md gives every claim in
 full under its anchor, a compound claim's measured parts each on a line of their own."""
-from replication import seeds
 from replication.core import verdicts
+from . import seeds
 
 LEDGER_COLUMNS = ("notebook", "claim", "task", "model", "judge", "paper", "measured", "verdict", "evidence", "interval",
                   "n", "rerun", "why", "source")   # source: results store / computed now (store.claim_source)

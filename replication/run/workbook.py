@@ -8,9 +8,9 @@ import platform
 import time
 from pathlib import Path
 
+from replication import __version__
 from replication.core import cache, config, console, files, figures, params, phases, store, verdicts
 from replication.lm import loop, models
-from . import __version__
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes)
 
 VERDICTS = verdicts.VERDICTS
@@ -138,7 +138,7 @@ class Run:
         comparison over seeds or draws, the chance of each verdict if it were run again with as many (seeds.rerun)."""
         import pandas as pd
 
-        from replication import seeds
+        from replication.ledger import seeds
 
         table = pd.DataFrame(self.claims, columns=CLAIM_COLUMNS + ["qualifier", "health"])
         table["verdict"] = [verdicts.label(c) for c in self.claims]
@@ -226,5 +226,5 @@ def start(notebook: str, namespace: dict = None, *, profile: str = None, seed: i
 def current() -> Run:
     """The run started by this kernel's notebook."""
     if _current is None:
-        raise RuntimeError("no run started; call replication.workbook.start(notebook, profile, seed) first")
+        raise RuntimeError("no run started; call replication.run.workbook.start(notebook, profile, seed) first")
     return _current

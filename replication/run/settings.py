@@ -4,7 +4,7 @@ torch), so the runner can check parameters before any kernel starts."""
 import importlib
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]
 MODULES = tuple(".".join(("replication", *p.relative_to(PACKAGE).with_suffix("").parts))
                 for p in sorted(PACKAGE.rglob("params.py")) if p.parent != PACKAGE / "core")
 for _name in MODULES:
