@@ -166,6 +166,24 @@ def test_reward_logs_its_side_data_per_completion(tiny):
         rlpr.Reward(model, tok, baseline="initial")
 
 
+def test_a_new_reward_is_one_function_and_one_table_entry(monkeypatch):
+    """Reward picks its core by kind from rlpr.CORES: a new core needs no other edit, and an unknown kind is named."""
+    meta = [{"id": "q", "reference": "7", "aliases": ["7"], "value": 7.0}] * 2
+
+    def length_core(reward, prompts, completions, metadata, refs, correct):
+        r = np.array([min(len(c.split()) / 10, 1.0) for c in completions])
+        return r, r, {"mean_words": float(np.mean([len(c.split()) for c in completions]))}
+
+    monkeypatch.setitem(rlpr.CORES, "length", length_core)
+    rec = Recorder(2)
+    out = rlpr.Reward(None, None, kind="length", format_weight=0.0)(["p", "p"], ["a b", "The answer is 7."], meta,
+                                                                   log_metric=rec.log_metric)
+    assert out == [0.2, 0.4] and rec.metrics["mean_words"] == 3.0 and rec.metrics["answer_found"] == 0.5
+    monkeypatch.delitem(rlpr.CORES, "length")
+    with pytest.raises(ValueError, match="kind='length'"):
+        rlpr.Reward(None, None, kind="length")
+
+
 def test_policy_baseline_is_scored_per_question_under_the_current_model(tiny):
     model, tok = tiny
     meta = [{"id": q, "reference": ref, "aliases": [ref], "value": None} for q, ref in (("a", "7"), ("a", "7"), ("b", "42"))]

@@ -19,7 +19,6 @@ from replication.lm.training import token_probs
 from . import answers
 
 AGGREGATIONS = ("mean", "sequence", "geometric")
-KINDS = ("probability", "verifier", "oracle")
 
 
 def reply_inputs(replies, references):
@@ -88,7 +87,7 @@ class Reward:
 
     def __init__(self, model, tok, kind: str = "probability", aggregation: str = "mean", baseline=None,
                  format_weight: float = 0.1, temperature: float = 1.0, batch_size: int = 16, system=None):
-        config.check_choice("kind", kind, KINDS)
+        config.check_choice("kind", kind, tuple(CORES))
         config.check_choice("aggregation", aggregation, AGGREGATIONS)
         config.check_range("format_weight", format_weight, 0.0, 1.0)
         if not (baseline is None or baseline == "policy" or isinstance(baseline, dict)):
@@ -117,20 +116,8 @@ class Reward:
         fmt = np.array([answers.format_score(c) for c in completions])
         correct = [answers.is_correct(c, m["aliases"], m.get("value")) for c, m in zip(completions, metadata)]
         found = np.mean([answers.locate_answer(c) is not None for c in completions])
-        metrics = {"answer_found": found}
-        if self.kind == "verifier":
-            r = core = np.array([float(answers.exact_match(c, ref)) for c, ref in zip(completions, refs)])
-        elif self.kind == "oracle":
-            r = core = np.array(correct, dtype=np.float64)
-        else:
-            probs, table = self.probabilities(prompts, completions, metadata)
-            r = np.array([aggregate(p, self.aggregation) for p in probs])
-            if self.baseline is not None:
-                rp = np.array([aggregate(table[m["id"]], self.aggregation) for m in metadata])
-                core = debias(r, rp)
-                metrics |= {"r_prime": float(rp.mean()), "debiased_nonzero": float((core > 0).mean())}
-            else:
-                core = np.clip(r, 0.0, 1.0)
+        r, core, metrics = CORES[self.kind](self, prompts, completions, metadata, refs, correct)
+        metrics = {"answer_found": found, **metrics}
         reward = (1 - self.w) * core + self.w * fmt
         if log_extra is not None:
             for name, values in (("r", r.tolist()), ("core", core.tolist()), ("format", fmt.tolist()), ("correct", correct)):
@@ -139,3 +126,33 @@ class Reward:
             for name, value in metrics.items():
                 log_metric(name, value)
         return reward.tolist()
+
+
+# ---- the core rewards, one function each (Reward picks one by its kind) -----------------------------
+
+def probability_core(reward: Reward, prompts, completions, metadata, refs, correct) -> tuple:
+    """RLPR: r = the reference's token probabilities after the reply, aggregated; core = clip(r - r', 0, 1) with a
+    baseline (the metrics: the batch's mean r' and the share of replies above it), clip(r, 0, 1) without."""
+    probs, table = reward.probabilities(prompts, completions, metadata)
+    r = np.array([aggregate(p, reward.aggregation) for p in probs])
+    if reward.baseline is None:
+        return r, np.clip(r, 0.0, 1.0), {}
+    rp = np.array([aggregate(table[m["id"]], reward.aggregation) for m in metadata])
+    core = debias(r, rp)
+    return r, core, {"r_prime": float(rp.mean()), "debiased_nonzero": float((core > 0).mean())}
+
+
+def verifier_core(reward: Reward, prompts, completions, metadata, refs, correct) -> tuple:
+    """RLVR: the exact-match rule verifier's 0/1 against the reference."""
+    r = np.array([float(answers.exact_match(c, ref)) for c, ref in zip(completions, refs)])
+    return r, r, {}
+
+
+def oracle_core(reward: Reward, prompts, completions, metadata, refs, correct) -> tuple:
+    """The lenient oracle's 0/1 (any alias or the value, anywhere in the answer): a ceiling."""
+    r = np.array(correct, dtype=np.float64)
+    return r, r, {}
+
+
+CORES = {"probability": probability_core, "verifier": verifier_core, "oracle": oracle_core}   # a new reward: one
+KINDS = tuple(CORES)                                                                       # function, one entry
