@@ -7,7 +7,7 @@ from replication.lm import tasks
 # The arms of notebook 03, read by everything that needs them (this module loads no torch, so the parameter registry
 # can read it): variant -> (reward kind, r' (None: not debiased; "initial": the authors', scored once by the initial
 # policy; "per_step": scored under the policy of each step), std filter). A new arm is one entry here (and a reward
-# kind in rlpr.Reward if it needs a new one).
+# function in rlpr.CORES if it needs a new one).
 VARIANTS = {"rlpr": ("probability", "initial", True), "rlvr": ("verifier", None, False),
             "oracle": ("oracle", None, False), "rlpr_no_debias": ("probability", None, True),
             "rlpr_no_filter": ("probability", "initial", False),
