@@ -339,3 +339,12 @@ def test_the_keys_the_notebooks_build_from_their_defaults_name_stored_entries():
     reference, _ = evolve_runs.keys(P, heldout, judging.quality_noise(P.sigma_comp, P.abs_noise_ratio)["sigma_abs"])
     assert stored("02_elo_dynamics", "evolve_reference", reference)
     assert not stored("02_elo_dynamics", "evolve_reference", {**reference, "shots": P.shots + 1})
+    from replication.papers.mae import mae_runs
+
+    P = defaults("06_multi_agent_evolve")
+    _, heldout = tasks.split(P.seed_level, P.n_seed_questions, P.n_heldout, P.seed, eval_level=P.heldout_level)
+    keys = mae_runs.Keys(P, heldout, tasks.worked_examples(P.seed_level, P.shots, P.seed))
+    for name, key in (("heldout-base", keys.heldout), ("heldout-base-sampled", keys.sampled),
+                      ("judge-base-prefill", keys.judge), ("judge-base-free", keys.probe),
+                      ("questions-base", keys.corpus(heldout[:P.n_question_problems]))):
+        assert stored("06_multi_agent_evolve", name, key), name
