@@ -12,14 +12,12 @@ from scipy import stats as st
 
 from replication.core import config, phases
 from replication.core.stats import proportion_ci
-from replication.lm import judges
+from replication.lm import judges, tasks
 
 
 def judge_key(params) -> dict:
     """Notebook 01's key of the real judge's scores and comparisons (judge_corpus), from its parameters (run.params):
     the corpus and pairs follow from the question count, pairs per question and seed."""
-    from replication.lm import tasks
-
     P = params
     return {"model": P.model, "judge_questions": P.judge_questions, "pairs_per_question": P.pairs_per_question,
             "k": P.k, "seed": P.seed, "instruction": tasks.INSTRUCTION, "batch_size": P.batch_size}
