@@ -223,11 +223,14 @@ def test_the_default_trains_at_the_yardsticks_setting_and_every_degraded_arm_has
     assert (cfg.level, cfg.shots, cfg.lr) == ("2d-1step-add", 3, 3e-4)     # notebook 00's choice
     assert {float(t) for t in cfg.degrade_temperatures} <= {float(t) for t in cfg.train_temperatures}
     assert replace(cfg, train_temperatures=[200], degrade_temperatures=None).validate()   # the study can be switched off
+    assert cfg.graded_judge == "likelihood" and replace(cfg, graded_judge=None).validate()   # and section (k)
 
 
 @pytest.mark.parametrize("bad, match", [({"degrade_temperatures": [50]}, "degrade_temperatures"),
                                         ({"train_degrade_step": 10}, "train_degrade_step"),
-                                        ({"degrade_with": "nobody"}, "degrade_with")])
+                                        ({"degrade_with": "nobody"}, "degrade_with"),
+                                        ({"graded_judge": "quality"}, "graded_judge"),
+                                        ({"graded_judge": "nobody"}, "graded_judge")])
 def test_bad_temperature_parameters_are_named(bad, match):
     with pytest.raises(ValueError, match=match):
         params_with(**bad)

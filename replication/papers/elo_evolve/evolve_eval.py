@@ -8,7 +8,7 @@ import numpy as np
 from replication.core import config, files, fmt, paper, stats, verdicts
 from replication.lm import arms, models, tasks
 from . import evolve
-from .judging import correct, words
+from .judging import correct, right_wrong_pairs, words
 from .params import STATIC_RULES
 
 
@@ -55,14 +55,7 @@ def judge_accuracy(judge, problems, players: dict, seed: int = 0) -> dict:
     """How often the judge prefers the right reply where the truth is known: every pair of players' replies to a
     problem with one right and one wrong (but stated) answer (exact verifier). Mean P(right wins)
     with a bootstrap 95% interval over problems (replication.core.stats), the share of ties, and n pairs."""
-    qs, ans, right, wrong, group = [], [], [], [], []
-    for j, p in enumerate(problems):
-        replies = [r[j] for r in players.values()]
-        good = [r for r in replies if tasks.verify(r, p.answer)]
-        bad = [r for r in replies if not tasks.verify(r, p.answer) and tasks.extract_answer(r) is not None]
-        for g in good:
-            for b in bad:
-                qs.append(p.question), ans.append(p.answer), right.append(g), wrong.append(b), group.append(j)
+    qs, ans, right, wrong, group = right_wrong_pairs(problems, players)
     if not qs:
         return {"accuracy": float("nan"), "ci95": [float("nan")] * 2, "ties": float("nan"), "n": 0}
     pw = judge.p_win(qs, ans, right, wrong)

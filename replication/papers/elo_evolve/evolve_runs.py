@@ -10,7 +10,7 @@ import time
 from dataclasses import replace
 
 from replication.core import cache, config, paper
-from replication.lm import grpo, models, parallel
+from replication.lm import elo, grpo, models, parallel
 from . import evolve, evolve_eval, judging
 
 
@@ -26,15 +26,66 @@ def grpo_config(params) -> grpo.GRPOConfig:
                            update_dtype=P.rollout_dtype)
 
 
-def keys(params, heldout, sigma_abs: float) -> tuple:
+def keys(params, heldout, sigma_abs: float, judge: str = None) -> tuple:
     """Notebook 02's keys from its parameters (run.params) and held-out problems: (the base model's greedy held-out
-    replies, the training judge's settings that every arm run's key holds; sigma_abs: judging.quality_noise's)."""
+    replies, the training judge's settings that every arm run's key holds; sigma_abs: judging.quality_noise's;
+    judge: the training judge's kind, default the parameter `judge`)."""
     P = params
     reference = {"model": P.model, "heldout": [p.id for p in heldout], "shots": P.shots,
                  "max_new_tokens": P.max_new_tokens}
-    return reference, {"judge": P.judge, "judge_model": P.judge_model, "judge_shots": P.judge_shots,
+    return reference, {"judge": P.judge if judge is None else judge, "judge_model": P.judge_model,
+                       "judge_shots": P.judge_shots,
                        "sigma_comp": P.sigma_comp, "sigma_abs": sigma_abs, "level": P.level, "shots": P.shots,
                        "n_train": P.n_train, "n_heldout": P.n_heldout}
+
+
+def regimes(params, static_opponent: str, start: float) -> dict:
+    """Notebook 02's arms (evolve.regimes) from its parameters (run.params): point, static against
+    `static_opponent`, Elo-Evolve at each of train_temperatures and the degraded arms, with the mean Elo rule from
+    the rating `start`."""
+    P = params
+    return evolve.regimes(static_opponent, P.train_temperatures, P.degrade_temperatures, P.train_degrade_step,
+                          P.degrade_with, k=P.elo_k, update_rule="mean", start_rating=start, steps=P.train_steps,
+                          prompts_per_step=P.prompts_per_step, length_margin=P.length_margin, seed=P.seed)
+
+
+def rate_pool(judge, problems, responses: dict, opponents, start: float, static_rule: str) -> dict:
+    """The opponent pool rated under one judge: the judge's accuracy on right/wrong pairs (evolve_eval.judge_accuracy),
+    the round robin of every player (evolve.win_matrix), Elo ratings fitted to it with the policy at the start
+    anchored at `start` (elo.fit_ratings), the opponents' names, replies and ratings, and the static arm's opponent
+    by `static_rule` (evolve_eval.static_choice), fixed before any training."""
+    players = list(responses)
+    wins = evolve.win_matrix(judge, problems, responses)
+    fitted = elo.fit_ratings(wins, anchor=players.index(evolve.START_PLAYER), anchor_rating=start)
+    names = list(opponents)
+    ratings = fitted[:len(names)]
+    return {"judge_check": evolve_eval.judge_accuracy(judge, problems, responses), "wins": wins, "players": players,
+            "fitted": fitted, "names": names, "pool": {n: responses[n] for n in names}, "ratings": ratings,
+            "static_opponent": evolve_eval.static_choice(names, ratings, static_rule, start)}
+
+
+def gather(runs: list, trained: list, regimes: dict, base) -> dict:
+    """train_arms' results by arm, one entry per training seed in `runs`' order: curves (step tables), evals
+    (held-out tables, the base model's under "base"), results (summaries), records (evolve_eval.arm_record, health
+    checked against the base model's held-out table `base`), spent (seconds, 0 when cached), and lines: one printed
+    line per run."""
+    import pandas as pd
+
+    out = {"results": {}, "evals": {"base": base}, "curves": {}, "records": {}, "spent": {}, "lines": []}
+    for r, (rows, summary, ev_rows, seconds) in zip(runs, trained):
+        name, s = r["name"], r["seed"]
+        table = pd.DataFrame(ev_rows)
+        check = evolve_eval.health(rows, table, base, regimes[name].regime, seed=s)
+        out["spent"].setdefault(name, []).append(seconds)
+        out["curves"].setdefault(name, []).append(pd.DataFrame(rows))
+        out["evals"].setdefault(name, []).append(table)
+        out["results"].setdefault(name, []).append(summary)
+        out["records"].setdefault(name, []).append(evolve_eval.arm_record(name, rows, table, summary, check,
+                                                                          training_seed=s))
+        out["lines"].append(f"{name:>18} seed {s}: accuracy {summary['accuracy']:.3f}, win rate vs base "
+                            f"{summary['win_rate']:.3f}, {summary['wall_time_s']:.0f} s of training; healthy: "
+                            f"{check['healthy']} (failed: {check['failed']})")
+    return out
 
 
 def arm_runs(run_folder, regimes: dict, seeds, grpo_cfg, model_name: str, lora_r: int, pool: dict, ratings,

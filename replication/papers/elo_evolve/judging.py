@@ -2,10 +2,12 @@
 judge for notebook 02 and the `train` command (`make_judge`).
 
 Judges (notebook 02 says which it uses and why):
-- LikelihoodJudge (default): the base model's log-likelihood of each reply's final answer,
-  s = log p("The answer is N." | k worked examples + the question), N read from the reply (tasks.extract_answer).
-  It never sees the true answer. A comparison: the higher s wins, the same answer is a tie (0.5); an absolute
-  score (point-based reward) is exp(s). Only the stated answer counts, so neither format nor wording can win.
+- LikelihoodJudge: the judge model's mean log-probability per token of each reply with its answer statement
+  rewritten to one form, s = mean log p(canonical(reply) | k worked examples + the question) (canonical: the reply's
+  working, then "The answer is N." with N its final answer). It never sees the true answer. A comparison: the
+  higher s wins, equal scores tie (0.5); an absolute score (point-based reward) is s itself, floored at -10 (a reply
+  stating no number). How the answer is stated cannot win; the working before it counts. Deterministic: one score
+  and one comparison rank a pair alike, so its noise ratio (pair_noise_ratio) is 1.
 - QualityJudge: the exact verifier as quality (q = correct, 0/1) with Thurstone comparison noise,
   P(a wins) = Phi((q_a - q_b) / sigma_comp), and absolute scores q + N(0, sigma_abs^2).
 - LLMJudge: the prompted judge of notebook 01 (for larger models; the 135M model always answers "A").
@@ -86,6 +88,39 @@ def measured_noise_ratio(judge, n: int = 20000, seed: int = 0) -> dict:
     p_abs = float(np.mean(judge.scores(q, a, right, rng) > judge.scores(q, a, wrong, rng)))
     ratio = float(sps.norm.ppf(p_comp) / sps.norm.ppf(p_abs)) if 0.5 < p_abs < 1 else float("nan")
     return {"p_comparison": p_comp, "p_absolute": p_abs, "ratio": ratio, "n": n}
+
+
+def right_wrong_pairs(problems, players: dict) -> tuple:
+    """Every pair of players' replies to a problem with one right and one wrong but stated answer (exact verifier):
+    lists of questions, answers, right replies, wrong replies and the problem's index."""
+    qs, ans, right, wrong, group = [], [], [], [], []
+    for j, p in enumerate(problems):
+        replies = [r[j] for r in players.values()]
+        good = [r for r in replies if tasks.verify(r, p.answer)]
+        bad = [r for r in replies if not tasks.verify(r, p.answer) and tasks.extract_answer(r) is not None]
+        for g in good:
+            for b in bad:
+                qs.append(p.question), ans.append(p.answer), right.append(g), wrong.append(b), group.append(j)
+    return qs, ans, right, wrong, group
+
+
+def pair_noise_ratio(judge, problems, players: dict, seed: int = 0) -> dict:
+    """The judge's noise ratio measured on the training task: over every pair of players' replies to a problem with
+    one right and one wrong (but stated) answer (exact verifier), how often one comparison ranks the right reply first
+    (its win/loss/tie outcome, a tie counting half) and how often two absolute scores do (the point-based reward;
+    equal scores half), and Phi^-1(p_comparison) / Phi^-1(p_absolute) as in measured_noise_ratio (the paper's
+    sqrt(2) sigma_abs,eff / sigma_comp); nan where either is at or below 0.5. A deterministic judge whose comparison
+    is the order of its scores reads 1."""
+    qs, ans, right, wrong, _ = right_wrong_pairs(problems, players)
+    if not qs:
+        return {"p_comparison": float("nan"), "p_absolute": float("nan"), "ratio": float("nan"), "n": 0}
+    rng = np.random.default_rng(config.derive_seed(seed, "pair-noise"))
+    p_comp = float(np.mean(outcomes(judge, qs, ans, right, wrong, rng, length_margin=10**6)))
+    sr, sw = judge.scores(qs, ans, right, rng), judge.scores(qs, ans, wrong, rng)
+    p_abs = float(np.mean(np.where(sr == sw, 0.5, (sr > sw).astype(float))))
+    ok = 0.5 < p_comp < 1 and 0.5 < p_abs < 1
+    ratio = float(sps.norm.ppf(p_comp) / sps.norm.ppf(p_abs)) if ok else float("nan")
+    return {"p_comparison": p_comp, "p_absolute": p_abs, "ratio": ratio, "n": len(qs)}
 
 
 def reward_snr(judge, accuracy: float, group_size: int = 8, groups: int = 5000, seed: int = 0):

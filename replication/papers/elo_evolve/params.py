@@ -45,6 +45,7 @@ class EloDynamics(Trained):
     lr: float = lr_rule()
     kl_beta: Optional[float] = p(low=0.0, high=10.0)
     judge: str = p(choices=JUDGES)
+    graded_judge: Optional[str] = p(choices=JUDGES)   # None: no section (k)
     judge_model: Optional[str] = p()
     judge_shots: int = p(minimum=0)
     sigma_comp: float = p(low=1e-9, high=100.0)
@@ -60,6 +61,9 @@ class EloDynamics(Trained):
 
     def check(self):
         self.at_most("prompts_per_step", self.n_train, "n_train")
+        if self.graded_judge is not None and self.graded_judge == self.judge:
+            raise ValueError(f"graded_judge={self.graded_judge!r} is not allowed; name a judge other than judge="
+                             f"{self.judge!r} (its arms would be the same runs), or None")
         if self.degrade_temperatures:
             missing = [t for t in self.degrade_temperatures if float(t) not in [float(x) for x in self.train_temperatures]]
             if missing:
