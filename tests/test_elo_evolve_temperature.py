@@ -41,7 +41,8 @@ def tiny_run(regime="elo", steps=4, folder=None, degrade_step=None, opponent=Non
     cfg = evolve.EvolveConfig(regime=regime, opponent=opponent, steps=steps, prompts_per_step=3, temperature=temperature_,
                               seed=1, degrade_step=degrade_step, degrade_with=None if degrade_step is None else "weak")
     gcfg = grpo.GRPOConfig(num_generations=2, max_new_tokens=4, lr=1e-2, kl_beta=0.0, save_every=save_every, seed=0)
-    rows = evolve.train(model, tok, judge, problems, pool, ratings, cfg, gcfg, folder, progress=False)
+    rows = evolve.train(model, tok, judge, evolve.ArmSetting("tiny", tuple(problems), progress=False),
+                        evolve.Opponents(pool, tuple(ratings)), cfg, gcfg, folder)
     return rows, judge, model
 
 

@@ -396,7 +396,8 @@ def run_regime(tmp_path, regime, steps=3, opponent=None, folder=None, temperatur
                               temperature=temperature, seed=1 if seed is None else seed)
     gcfg = grpo.GRPOConfig(num_generations=2, max_new_tokens=4, lr=1e-2, kl_beta=0.0, save_every=1,
                            seed=0 if seed is None else seed)
-    rows = evolve.train(model, tok, judge, problems, pool, [1300.0, 1500.0, 1700.0], cfg, gcfg, folder, progress=False)
+    rows = evolve.train(model, tok, judge, evolve.ArmSetting("tiny", tuple(problems), progress=False),
+                        evolve.Opponents(pool, (1300.0, 1500.0, 1700.0)), cfg, gcfg, folder)
     return rows, judge, pool, problems, model
 
 

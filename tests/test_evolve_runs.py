@@ -40,12 +40,14 @@ def _train(base, name, workers, setup):
     model_name, problems, heldout, pool, regimes, gcfg, args = setup
     folder = base / name
     ratings = [1300.0, 1500.0, 1700.0]
+    setting = evolve.ArmSetting(model_name, tuple(problems), heldout=tuple(heldout), reference=("5",) * len(heldout),
+                                eval_judge=evolve_eval.VerifierJudge(), lora_r=4)
+    opponents = evolve.Opponents(pool, tuple(ratings))
     runs = evolve_runs.arm_runs(lambda arm, key: loop.RunFolder.keyed(folder / "training", arm, key), regimes, [0, 1],
-                                gcfg, model_name, 4, pool, ratings, {"judge": "quality"})
+                                gcfg, setting, opponents, {"judge": "quality"})
     judge = judging.make_judge(base=None, **args)
-    return evolve_runs.train_arms(runs, functools.partial(cache.cached, folder / "cache"), folder / "cache", judge, args,
-                                  problems, heldout, ["5"] * len(heldout), pool, ratings, lora_r=4,
-                                  eval_judge=evolve_eval.VerifierJudge(), model_name=model_name, workers=workers), runs
+    return evolve_runs.train_arms(runs, setting, judge, args, opponents, functools.partial(cache.cached, folder / "cache"),
+                                  folder / "cache", workers), runs
 
 
 def test_arm_runs_side_by_side_equal_the_runs_made_here_at_one_thread(tmp_path):
@@ -73,7 +75,8 @@ def test_arm_runs_side_by_side_equal_the_runs_made_here_at_one_thread(tmp_path):
     again, _ = _train(tmp_path, "two", 2, setup)          # all finished and judged: nothing for a worker to do
     assert _plain(again) == _plain(side) and phases.reused_profile()["entries"] == 2 * len(side)   # run and judging
     with pytest.raises(ValueError, match="workers=0"):
-        evolve_runs.train_arms([], None, tmp_path, None, setup[-1], [], [], [], {}, [], workers=0)
+        evolve_runs.train_arms([], evolve.ArmSetting("tiny", ()), None, setup[-1], evolve.Opponents({}, ()), None,
+                               tmp_path, workers=0)
 
 
 def test_notebook_02s_grpo_config_comes_from_its_parameters_in_one_place():

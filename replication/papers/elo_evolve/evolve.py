@@ -1,5 +1,6 @@
 """Elo-Evolve on the real model: an opponent pool of precomputed responses and the training regimes (point, static,
-Elo-orchestrated) as a step function on the resumable loop, with the degradation schedule of the temperature analysis
+Elo-orchestrated) as a step function on the resumable loop (what every arm run shares: ArmSetting; the opponents'
+replies and ratings it reads: Opponents), with the degradation schedule of the temperature analysis
 (from a stated step the strongest opponent's responses are replaced by a weaker one's, its rating kept) and the fork
 that starts a degraded run from its undegraded twin's checkpoint at that step. The judges and the win/loss reward are
 in replication.papers.elo_evolve.judging; training an arm with its held-out evaluation, the judge's accuracy and the
@@ -237,14 +238,41 @@ def choose(cfg: EvolveConfig, rating: float, names, ratings, rng):
     return rng.choice(n, size=cfg.prompts_per_step, p=probs), probs
 
 
-def train(model, tok, judge, problems, pool: dict, ratings, cfg: EvolveConfig, grpo_cfg, folder=None,
-          progress: bool = True, shots=()) -> list:
+@dataclass(frozen=True)
+class ArmSetting:
+    """What every arm run of notebook 02 shares, whichever regime or judge trains it: the policy model's name, the
+    training problems and the policy's worked examples; for the held-out test the problems, the base model's replies
+    to them (the reference) and the evaluation judge (None: the training judge); the LoRA rank; progress bars."""
+
+    model: str
+    problems: tuple
+    shots: tuple = ()
+    heldout: tuple = ()
+    reference: tuple = ()
+    eval_judge: object = None
+    lora_r: int = 16
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class Opponents:
+    """The opponent pool as training reads it: each opponent's reply to every training problem, and the opponents'
+    fixed ratings in the same order."""
+
+    replies: dict
+    ratings: tuple
+
+
+def train(model, tok, judge, setting: ArmSetting, opponents: Opponents, cfg: EvolveConfig, grpo_cfg,
+          folder=None) -> list:
     """GRPO steps of one regime on loop.run (resumable; the policy's Elo is the loop's state, a finished run
-    loads its final weights). Prompts are p.chat(shots). Logs per step the reward, opponent probabilities,
-    opponents, outcomes and their expected scores, and the policy's Elo before and after the step's update."""
+    loads its final weights) on setting.problems, prompts p.chat(setting.shots). Logs per step the reward, opponent
+    probabilities, opponents, outcomes and their expected scores, and the policy's Elo before and after the step's
+    update."""
     import torch
 
-    names, ratings = list(pool), np.asarray(ratings, float)
+    problems, shots, pool = setting.problems, setting.shots, opponents.replies
+    names, ratings = list(pool), np.asarray(opponents.ratings, float)
     cfg.validate(names)
     if len(ratings) != len(names):
         raise ValueError(f"ratings has {len(ratings)} entries for {len(names)} opponents")
@@ -280,7 +308,7 @@ def train(model, tok, judge, problems, pool: dict, ratings, cfg: EvolveConfig, g
     rows, _ = loop.run(step, cfg.steps, model, trainer.optimizer, folder, state={"rating": float(cfg.start_rating)},
                        save_every=grpo_cfg.save_every, desc=cfg.regime, summary={"config": asdict(cfg)},
                        postfix=lambda r: {"reward": f"{r['reward_mean']:.2f}", "elo": f"{r['rating']:.0f}"},
-                       progress=progress)
+                       progress=setting.progress)
     return rows
 
 

@@ -294,23 +294,25 @@ def eval_key(folder, heldout, reference, grpo_cfg, cfg: "evolve.EvolveConfig", s
             "shots": [s.question for s in shots], "judge": getattr(eval_judge, "name", "")}
 
 
-def train_and_evaluate(model_name: str, judge, problems, heldout, reference, pool: dict, ratings, cfg: "evolve.EvolveConfig",
-                       grpo_cfg, folder, cache, lora_r: int = 16, shots=(), eval_judge=None, progress: bool = True):
+def train_and_evaluate(setting: "evolve.ArmSetting", judge, opponents: "evolve.Opponents", cfg: "evolve.EvolveConfig",
+                       grpo_cfg, folder, cache):
     """Train one regime on a fresh LoRA adapter in `folder` (run.run_folder) and judge its greedy replies to the
-    held-out problems (the same shots) with eval_judge (default: the training judge) through cache(name, key, make)
-    (run.cached). Returns (step rows, evaluation summary with the steps and training seconds, evaluation rows)."""
+    held-out problems (the same shots) with setting.eval_judge (None: the training judge) through cache(name, key,
+    make) (run.cached). Returns (step rows, evaluation summary with the steps and training seconds, evaluation
+    rows)."""
     import torch
 
-    eval_judge = judge if eval_judge is None else eval_judge
-    model, tok = models.load_model(model_name)
+    S = setting
+    eval_judge = judge if S.eval_judge is None else S.eval_judge
+    model, tok = models.load_model(S.model)
     torch.manual_seed(config.derive_seed(grpo_cfg.seed, "evolve-lora"))  # the same adapter init for every regime
-    model = models.add_lora(model, r=lora_r, alpha=2 * lora_r)
-    rows = evolve.train(model, tok, judge, problems, pool, ratings, cfg, grpo_cfg, folder, progress, shots)
-    key = eval_key(folder, heldout, reference, grpo_cfg, cfg, shots, eval_judge)
+    model = models.add_lora(model, r=S.lora_r, alpha=2 * S.lora_r)
+    rows = evolve.train(model, tok, judge, S, opponents, cfg, grpo_cfg, folder)
+    key = eval_key(folder, S.heldout, S.reference, grpo_cfg, cfg, S.shots, eval_judge)
 
     def make():
-        df, summary = judge_heldout(model, tok, eval_judge, heldout, reference, grpo_cfg.max_new_tokens, cfg.seed,
-                                    progress, shots=shots)
+        df, summary = judge_heldout(model, tok, eval_judge, list(S.heldout), list(S.reference), grpo_cfg.max_new_tokens,
+                                    cfg.seed, S.progress, shots=list(S.shots))
         return {"summary": summary, "rows": df.to_dict("records")}
 
     ev = cache("evolve_eval", key, make)

@@ -53,14 +53,16 @@ def rate_pool(judge, problems, responses: dict, opponents, start: float, static_
     """The opponent pool rated under one judge: the judge's accuracy on right/wrong pairs (evolve_eval.judge_accuracy),
     the round robin of every player (evolve.win_matrix), Elo ratings fitted to it with the policy at the start
     anchored at `start` (elo.fit_ratings), the opponents' names, replies and ratings, and the static arm's opponent
-    by `static_rule` (evolve_eval.static_choice), fixed before any training."""
+    by `static_rule` (evolve_eval.static_choice), fixed before any training; `opponents` (evolve.Opponents) is what
+    training reads."""
     players = list(responses)
     wins = evolve.win_matrix(judge, problems, responses)
     fitted = elo.fit_ratings(wins, anchor=players.index(evolve.START_PLAYER), anchor_rating=start)
     names = list(opponents)
-    ratings = fitted[:len(names)]
+    ratings, pool = fitted[:len(names)], {n: responses[n] for n in names}
     return {"judge_check": evolve_eval.judge_accuracy(judge, problems, responses), "wins": wins, "players": players,
-            "fitted": fitted, "names": names, "pool": {n: responses[n] for n in names}, "ratings": ratings,
+            "fitted": fitted, "names": names, "pool": pool, "ratings": ratings,
+            "opponents": evolve.Opponents(pool, tuple(float(r) for r in ratings)),
             "static_opponent": evolve_eval.static_choice(names, ratings, static_rule, start)}
 
 
@@ -88,7 +90,7 @@ def gather(runs: list, trained: list, regimes: dict, base) -> dict:
     return out
 
 
-def arm_runs(run_folder, regimes: dict, seeds, grpo_cfg, model_name: str, lora_r: int, pool: dict, ratings,
+def arm_runs(run_folder, regimes: dict, seeds, grpo_cfg, setting: "evolve.ArmSetting", opponents: "evolve.Opponents",
              judge_key: dict) -> list:
     """One run per arm and training seed, arm by arm: dicts of name, seed, cfg and grpo_cfg (the seed's; the first
     seed's configs and run keys are the notebook's), folder (run_folder(name, evolve.run_key(...)), e.g.
@@ -97,23 +99,23 @@ def arm_runs(run_folder, regimes: dict, seeds, grpo_cfg, model_name: str, lora_r
     for name, rc in regimes.items():
         for s in seeds:
             rc_s, g_s = replace(rc, seed=s), replace(grpo_cfg, seed=s)
-            key = functools.partial(evolve.run_key, model_name, grpo_cfg=g_s, lora_r=lora_r, pool=pool, ratings=ratings,
-                                    extra=judge_key)
+            key = functools.partial(evolve.run_key, setting.model, grpo_cfg=g_s, lora_r=setting.lora_r,
+                                    pool=opponents.replies, ratings=opponents.ratings, extra=judge_key)
             twin = evolve.degrade_source(name, rc_s)
             out.append({"name": name, "seed": s, "cfg": rc_s, "grpo_cfg": g_s, "folder": run_folder(name, key(rc_s)),
                         "twin": None if twin is None else run_folder(twin[0], key(twin[1]))})
     return out
 
 
-def train_in_worker(model_name: str, judge_args: dict, cache_folder, **kw) -> float:
+def train_in_worker(setting: "evolve.ArmSetting", judge_args: dict, cache_folder, **kw) -> float:
     """train_and_evaluate for one run on a freshly loaded model, with the training judge made here from
     judge_args (judging.make_judge's arguments but the base model), into its run folder and the cache folder
-    (a worker of train_arms): its seconds."""
+    (a worker of train_arms), without progress bars: its seconds."""
     t0 = time.perf_counter()
     needs_base = judge_args["kind"] != "quality" and judge_args.get("judge_model") is None
-    judge = judging.make_judge(base=models.load_model(model_name) if needs_base else None, **judge_args)
-    evolve_eval.train_and_evaluate(model_name, judge, cache=functools.partial(cache.cached, cache_folder),
-                                   progress=False, **kw)
+    judge = judging.make_judge(base=models.load_model(setting.model) if needs_base else None, **judge_args)
+    evolve_eval.train_and_evaluate(replace(setting, progress=False), judge,
+                                   cache=functools.partial(cache.cached, cache_folder), **kw)
     return time.perf_counter() - t0
 
 
@@ -123,26 +125,25 @@ def _fork(run: dict) -> None:
         evolve.fork(run["twin"], run["folder"], run["cfg"].degrade_step)
 
 
-def train_arms(runs: list, cached, cache_folder, judge, judge_args: dict, problems, heldout, reference, pool: dict,
-               ratings, lora_r: int = 16, shots=(), eval_judge=None, model_name: str = None, workers: int = 1) -> list:
+def train_arms(runs: list, setting: "evolve.ArmSetting", judge, judge_args: dict, opponents: "evolve.Opponents",
+               cached, cache_folder, workers: int = 1) -> list:
     """evolve_eval.train_and_evaluate for each of `runs` (arm_runs) in order, a degraded run forked from its twin
     first: [(step rows, summary, evaluation rows, seconds of training and judging, 0 when cached)]. `judge` is the
     notebook's training judge; judge_args makes the same judge in a worker (judging.make_judge's arguments but
-    `base`). With workers > 1 the runs to make train side by side first (module docstring); a run's rows do not
-    depend on where it trained but for the rounding of one thread: its adapter and every draw are seeded from its
-    configs."""
+    `base`); cached(name, key, make) is the notebook's cache (run.cached), cache_folder its folder. With workers > 1
+    the runs to make train side by side first (module docstring); a run's rows do not depend on where it trained but
+    for the rounding of one thread: its adapter and every draw are seeded from its configs."""
     config.check_int("workers", workers, minimum=1)
-    runs = list(runs)
-    common = dict(problems=problems, heldout=heldout, reference=reference, pool=pool, ratings=ratings, lora_r=lora_r,
-                  shots=shots, eval_judge=eval_judge)
+    runs, S = list(runs), setting
 
     def pending(i):
         r = runs[i]
-        judging_key = evolve_eval.eval_key(r["folder"], heldout, reference, r["grpo_cfg"], r["cfg"], shots, eval_judge or judge)
+        judging_key = evolve_eval.eval_key(r["folder"], S.heldout, S.reference, r["grpo_cfg"], r["cfg"], S.shots,
+                                           S.eval_judge or judge)
         if r["folder"].done and cache.intact(cache_folder, "evolve_eval", judging_key):
             return None
-        return dict(model_name=model_name, judge_args=judge_args, cache_folder=cache_folder, cfg=r["cfg"],
-                    grpo_cfg=r["grpo_cfg"], folder=r["folder"], **common)
+        return dict(setting=S, judge_args=judge_args, cache_folder=cache_folder, opponents=opponents, cfg=r["cfg"],
+                    grpo_cfg=r["grpo_cfg"], folder=r["folder"])
 
     made = {}
     if workers > 1:   # the undegraded runs, then the degraded ones from their twins' checkpoints
@@ -155,8 +156,8 @@ def train_arms(runs: list, cached, cache_folder, judge, judge_args: dict, proble
     def read(i):
         r, t0 = runs[i], time.perf_counter()
         _fork(r)
-        rows, summary, ev_rows = evolve_eval.train_and_evaluate(model_name, judge, cfg=r["cfg"], grpo_cfg=r["grpo_cfg"],
-                                                                folder=r["folder"], cache=cached, **common)
+        rows, summary, ev_rows = evolve_eval.train_and_evaluate(S, judge, opponents, r["cfg"], r["grpo_cfg"],
+                                                                r["folder"], cached)
         return rows, summary, ev_rows, made.get(i, time.perf_counter() - t0)
 
     return parallel.read_in_order(range(len(runs)), read, made)
