@@ -38,11 +38,7 @@ class GRPOConfig:
     update_dtype: str = "float32"     # float32 | bfloat16: the update and the scoring passes (reference and old
                                       # log-probs) with the frozen base weights in bf16 (training.LowPrecisionBase;
                                       # LoRA weights, their gradients, AdamW state, attention, log-softmax and loss
-                                      # stay fp32). Tolerance against fp32 (tests/test_precision.py): loss within
-                                      # 5e-2 relative and LoRA-gradient cosine > 0.99 (measured on the 135M model
-                                      # 4e-3 / 0.998 with AVX-512 BF16, 2e-2 / 0.998 with AMX); per-token log-probs
-                                      # differ by 0.03-0.05 nats on average, which biases the reported k3 KL up by
-                                      # 2e-3 to 1e-2. Update measured ~1.7x faster on a CPU with AVX-512 BF16
+                                      # stay fp32; its tolerance against fp32: docs/training.md, Precision)
     length_buckets: int = 1           # the scoring and update passes run the completions in up to this many
                                       # passes of similar length, each as wide as its longest row
                                       # (training.length_buckets): same loss, less computed padding

@@ -71,8 +71,8 @@ def checksums(folder: Path) -> dict:
 
 
 def verify(folder: Path) -> None:
-    """Check a cached checkpoint against the sizes and sha256 its conversion recorded (about 0.4 s for the
-    538 MB of SmolLM2-135M in fp32); raise one line naming the damaged file and the fix.
+    """Check a cached checkpoint against the sizes and sha256 its conversion recorded; raise one line naming the
+    damaged file and the fix.
 
     A cache converted before checksums were recorded gets them on its first check (it is trusted as it is)."""
     marker = Path(folder) / DONE_MARKER

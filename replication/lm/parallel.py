@@ -1,9 +1,9 @@
 """Independent training runs side by side: each in its own worker process at one torch thread.
 
 On a CPU with few cores, two runs at one thread each can do more work per second than one run at two threads (a
-small model's matmuls do not keep two threads busy), but only when each process keeps to its own thread: two
-processes at two threads each on two cores ran 10x slower here. On a GPU, runs in several processes keep it busier
-than one run alone (five of notebook 03's runs side by side on an H200: 99% utilisation). `run_jobs(fn, jobs,
+small model's matmuls do not keep two threads busy), but only when each process keeps to its own thread (two
+processes at two threads each oversubscribe two cores: docs/runner.md). On a GPU, runs in several processes keep it
+busier than one run alone. `run_jobs(fn, jobs,
 workers)` calls fn(**job) for every job, in that many spawned processes whose torch (and OpenMP/MKL) use one thread
 and whose models go to the device this process uses (models.use_device), and returns the results in job order;
 workers=1 calls them here, one after another, in this process. A job must seed everything it draws from (the
