@@ -21,6 +21,8 @@ def test_notebook_is_clean_and_parameterised(stem):
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(not c.outputs and c.execution_count is None for c in code), "committed with outputs"
     assert all("id" in c for c in nb.cells), "every cell has an id (nbformat 4.5; later nbformat versions require it)"
+    long = [line for c in code for line in c.source.splitlines() if len(line) > 100]
+    assert not long, f"code lines of at most 100 characters: {len(long)} longer, e.g. {long[0][:60]!r}"
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, "exactly one cell tagged 'parameters'"
     cell = {}
