@@ -216,15 +216,17 @@ def over_draws(names, per_draw: list, seed: int, n_boot: int = 2000, records: di
     return out
 
 
-def debater_table(plays: list, conss: list, ks) -> pd.DataFrame:
+def debater_table(plays: list, conss, ks) -> pd.DataFrame:
     """One row per draw and N: aggregate, correct-side and incorrect-side Elo, self-play judge accuracy, and the
-    best-of-N consultant's win rate and consultancy accuracy."""
+    best-of-N consultant's win rate and consultancy accuracy (without them when conss is None)."""
     rows = []
-    for d, (play, cons) in enumerate(zip(plays, conss)):
-        e, c = elo_stats(debate_hits(play)), consultancy_stats(consultancy_hits(cons))
+    for d, play in enumerate(plays):
+        e = elo_stats(debate_hits(play))
+        c = None if conss is None else consultancy_stats(consultancy_hits(conss[d]))
         rows += [{"draw": d, "N": k, "aggregate Elo": e["aggregate"][x], "E^C": e["correct"][x], "E^I": e["incorrect"][x],
                   "E^C - E^I": e["correct"][x] - e["incorrect"][x], "self-play accuracy": e["self_play"][x],
-                  "consultant win rate": c["win_rate"][x], "consultancy accuracy": c["accuracy"][x]}
+                  **({} if c is None else {"consultant win rate": c["win_rate"][x],
+                                           "consultancy accuracy": c["accuracy"][x]})}
                  for x, k in enumerate(ks)]
     return pd.DataFrame(rows)
 

@@ -1,11 +1,22 @@
 """Notebook 04's parameters (types, ranges, cross-field rules; the defaults live in its parameters cell)
 and the story levels and answer readings it chooses among."""
 from dataclasses import dataclass
+from typing import Optional
 
 from replication.core.params import LM, notebook, p, temperature_rule
 
 LEVELS = ("absent", "present")  # the distractor absent from the story, or present in a misleading role
 READINGS = ("likelihood", "letter")  # the judge's answer read as each answer's likelihood, or P(A) vs P(B)
+
+
+def check_strengths(ks) -> list:
+    """Section (e)'s debaters, best-of-k for each k: integers from 1, increasing, at least two (best-of-1 and a
+    stronger debater)."""
+    ks = list(ks) if isinstance(ks, (list, tuple)) else [ks]
+    if len(ks) < 2 or ks[0] != 1 or any(not isinstance(k, int) or k < 1 for k in ks) or ks != sorted(set(ks)):
+        raise ValueError(f"hard_strengths={ks!r} is not allowed; give increasing integers from 1, at least two "
+                         "(best-of-1 and a stronger debater), e.g. [1, 2, 4, 6, 8]")
+    return ks
 
 
 @notebook("04_debate_judge_accuracy")
@@ -33,6 +44,8 @@ class Debate(LM):
     arg_noise: float = p(low=0.0, high=10.0)
     judge_noise: float = p(low=0.0, high=10.0)
     judge_noises: list = p(each={"low": 0.0, "high": 10.0})
+    hard_level: Optional[str] = p(choices=LEVELS)   # section (e); None: no section
+    hard_strengths: list = p()
 
     def check(self):
         if self.rounds != 1:
@@ -41,3 +54,7 @@ class Debate(LM):
         if self.best_of < 2 or self.best_of & (self.best_of - 1):
             raise ValueError(f"best_of={self.best_of} is not allowed: the debaters are best-of-1, 2, 4, ... up to "
                              "best_of, so it must be a power of two >= 2")
+        check_strengths(self.hard_strengths)
+        if self.hard_level is not None and self.hard_level == self.level:
+            raise ValueError(f"hard_level={self.hard_level!r} is not allowed; name a level other than level="
+                             f"{self.level!r}, or None")

@@ -1,0 +1,61 @@
+"""Debate on hard stories (notebook 04, section (e)): stories whose distractor appears in the story itself, as in
+the paper's QuALITY-HARD split, where a judge who reads the story is helped less. For one story level: the naive and
+expert judges (cached), one-round debaters of several strengths (best-of-k, any k up to the largest, from one pool of
+sampled arguments per draw: crossplay.pool), their cross-play tournament (crossplay.cross_play), the accuracy of
+debate against the naive and the expert judge, and the tournament's statistics over draws (crossplay.over_draws).
+Debate only: the consultancy rows stay with the notebook's main level."""
+import hashlib
+import json
+
+from replication.core import config, stats
+from . import crossplay, debate, debate_eval
+from .params import check_strengths
+
+PAIRS = {"debate - naive": ("debate", "naive"), "expert - debate": ("expert", "debate"),
+         "debate: best-of-N - best-of-1": ("debate", "debate (best-of-1)")}
+TOURNAMENT = ("gap_mean", "gap_slope", "accuracy_slope")
+
+
+def judged(cache, model, tok, items, kind: str, setting: dict) -> dict:
+    """The naive or expert judge's verdicts on `items` (debate.judge), through cache (run.cached), keyed by the
+    stories, the model, the reading and the batch."""
+    digest = hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
+    key = {"kind": kind, "ids": [it["id"] for it in items], "stories": digest, "model": setting["model_name"],
+           "reading": setting["reading"], "batch_size": setting["batch_size"]}
+    made = cache(f"hard-{kind}", key, lambda: {k: [float(x) for x in v] for k, v in debate.judge(
+        model, tok, items, kind, batch_size=setting["batch_size"], reading=setting["reading"]).items()
+        if k in ("p_correct_first", "p_correct_second")})
+    return crossplay.verdicts(made["p_correct_first"], made["p_correct_second"])
+
+
+def study(cache, model, tok, items, ks, draws, seed: int, setting: dict) -> dict:
+    """Everything section (e) shows for one story level. setting: crossplay.pool's model_name, word_limit,
+    temperature, batch_size and reading (best_of is max(ks)); draws: the arguments' sampling seeds. Returns the
+    judgments by protocol (naive, expert: one each; debate at the strongest k and at best-of-1: one per draw),
+    their accuracies, expert - naive (paired bootstrap over stories), the paired differences of PAIRS over draws
+    then stories, the tournament's per-draw table (crossplay.debater_table) and statistics, and the records."""
+    ks = check_strengths(ks)
+    top, best_of = len(ks) - 1, ks[-1]
+    judgments = {k: judged(cache, model, tok, items, k, setting) for k in ("naive", "expert")}
+    pools = [crossplay.pool(cache, model, tok, items, "debate", seed=s, **{**setting, "best_of": best_of})
+             for s in draws]
+    plays = [crossplay.cross_play(cache, model, tok, p, ks, model_name=setting["model_name"],
+                                  batch_size=setting["batch_size"], reading=setting["reading"]) for p in pools]
+    judgments.update({"debate": [crossplay.cell(p, top, top) for p in plays],
+                      "debate (best-of-1)": [crossplay.cell(p, 0, 0) for p in plays]})
+    words = {"debate": [crossplay.picked_words(p, best_of) for p in pools],
+             "debate (best-of-1)": [crossplay.picked_words(p, 1) for p in pools]}
+    records = debate_eval.protocol_records(judgments, words, best_of, draws)
+    ladder = crossplay.ladder_records(plays, pools, ks, draws)
+    expert_naive = stats.paired_bootstrap(debate_eval.hits(judgments["expert"]["p_correct"]),
+                                          debate_eval.hits(judgments["naive"]["p_correct"]),
+                                          seed=config.derive_seed(seed, "hard", "expert - naive"))
+    return {"ks": ks, "judgments": judgments, "records": records, "expert_minus_naive": expert_naive,
+            "accuracy": {k: debate_eval.protocol_accuracy(v, config.derive_seed(seed, "hard-accuracy", k))
+                         for k, v in judgments.items()},
+            "differences": debate_eval.protocol_differences(judgments, records, config.derive_seed(seed, "hard"),
+                                                            pairs=PAIRS),
+            "elo_table": crossplay.debater_table(plays, None, ks),
+            "tournament": crossplay.over_draws(list(TOURNAMENT), [crossplay.debate_hits(p) for p in plays], seed,
+                                               records=ladder),
+            "pairs_judged": sum(p["pairs_judged"] for p in plays)}
