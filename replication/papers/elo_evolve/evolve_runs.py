@@ -1,10 +1,11 @@
-"""Elo-Evolve's arm runs side by side (notebook 02's 21 runs at the default profile: seven arms x three training
+"""Elo-Evolve's arm runs for notebook 02: the arms and the opponent pool's ratings under a judge from the notebook's
+parameters, and the runs side by side (21 per training judge at the default profile: seven arms x three training
 seeds). Each run not yet finished, or whose held-out judging is not yet in the cache, trains and is judged in a
 worker process at one thread on a freshly loaded model (parallel.make_pending, once per wave); every run is then
 read back here in order (parallel.read_in_order), as a finished run and a cached judging, so every later cell sees
-the same rows. The undegraded runs go
-first: a degraded run starts from its twin's checkpoint at the degradation step (evolve.fork), so it trains in a
-second wave. With workers=1 every run trains here, one after another, as the notebook did before."""
+the same rows, gathered by arm. The undegraded runs go first: a degraded run starts from its twin's checkpoint at
+the degradation step (evolve.fork), so it trains in a second wave. With workers=1 every run trains here, one after
+another."""
 import functools
 import time
 from dataclasses import replace
