@@ -45,7 +45,7 @@ def test_the_study_of_one_level_over_five_strengths_and_two_draws(tiny):
     setting = dict(model_name="tiny", word_limit=5, temperature=0.7, batch_size=8, reading="likelihood")
     ks = [1, 2, 3, 4, 6]
     out = hard_stories.study(cache, model, tok, items, ks, [0, 1], seed=0, setting=setting)
-    assert out["ks"] == ks and sorted(set(calls)) == ["crossplay", "debate-bo6", "hard-expert", "hard-naive"]
+    assert out["ks"] == ks and sorted(set(calls)) == ["crossplay", "debate-bo6", "judged-expert", "judged-naive"]
     table = out["elo_table"]
     assert table.groupby("draw")["N"].apply(list).tolist() == [ks, ks] and "consultancy accuracy" not in table
     assert np.isfinite(table["aggregate Elo"]).all()
@@ -64,3 +64,22 @@ def test_the_study_of_one_level_over_five_strengths_and_two_draws(tiny):
     with pytest.raises(ValueError, match="hard_strengths"):
         hard_stories.study(cache, model, tok, items, [2, 4], [0], seed=0, setting=setting)
     assert crossplay.debater_table([], None, ks).empty
+
+
+def test_the_naive_and_expert_verdicts_are_cached_as_judged(tiny):
+    model, tok = tiny
+    items, store = stories.make_stories(3, seed=2, level="absent"), {}
+
+    def cache(name, key, make):
+        return store.setdefault((name, str(key)), make())
+
+    kw = dict(model_name="tiny", batch_size=4, reading="likelihood")
+    for kind in ("naive", "expert"):
+        direct = debate.judge(model, tok, items, kind, batch_size=4)
+        cached = debate.cached_judge(cache, model, tok, items, kind, **kw)
+        assert set(cached) == set(direct) and all(np.array_equal(cached[k], direct[k]) for k in direct)
+    assert len(store) == 2
+    debate.cached_judge(cache, model, tok, items, "naive", **{**kw, "reading": "letter"})
+    assert len(store) == 3, "another reading, another entry"
+    with pytest.raises(ValueError, match="kind='debate' is not allowed"):
+        debate.cached_judge(cache, model, tok, items, "debate", **kw)

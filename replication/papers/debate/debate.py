@@ -164,6 +164,20 @@ def judge(model, tok, items, kind: str, transcripts=None, batch_size: int = 16, 
             "p_first": p_first}
 
 
+def cached_judge(cache, model, tok, items, kind: str, *, model_name: str, batch_size: int, reading: str) -> dict:
+    """judge() of a protocol without arguments (naive or expert) through cache(name, key, make) (the notebook's
+    run.cached), keyed by the stories (ids and content digest), the model, the reading and the batch: the same
+    arrays, read back."""
+    if kind not in ("naive", "expert"):
+        raise ValueError(f"kind={kind!r} is not allowed; cached_judge judges naive or expert (no arguments)")
+    digest = hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
+    key = {"kind": kind, "ids": [it["id"] for it in items], "stories": digest, "model": model_name,
+           "reading": reading, "batch_size": batch_size}
+    made = cache(f"judged-{kind}", key, lambda: {k: np.asarray(v, float).tolist() for k, v in judge(
+        model, tok, items, kind, batch_size=batch_size, reading=reading).items()})
+    return {k: np.asarray(v, float) for k, v in made.items()}
+
+
 def parse_judgment(text: str, item: dict, correct_first: bool = True):
     """True/False for a generated verdict (a letter, or one answer's text), None if it names neither or both."""
     letter = judges.parse_choice(text)

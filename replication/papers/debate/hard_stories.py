@@ -1,12 +1,9 @@
 """Debate on hard stories (notebook 04, section (e)): stories whose distractor appears in the story itself, as in
 the paper's QuALITY-HARD split, where a judge who reads the story is helped less. For one story level: the naive and
-expert judges (cached), one-round debaters of several strengths (best-of-k, any k up to the largest, from one pool of
+expert judges (debate.cached_judge), one-round debaters of several strengths (best-of-k, any k up to the largest, from one pool of
 sampled arguments per draw: crossplay.pool), their cross-play tournament (crossplay.cross_play), the accuracy of
 debate against the naive and the expert judge, and the tournament's statistics over draws (crossplay.over_draws).
 Debate only: the consultancy rows stay with the notebook's main level."""
-import hashlib
-import json
-
 from replication.core import config, stats
 from . import crossplay, debate, debate_eval
 from .params import check_strengths
@@ -14,18 +11,6 @@ from .params import check_strengths
 PAIRS = {"debate - naive": ("debate", "naive"), "expert - debate": ("expert", "debate"),
          "debate: best-of-N - best-of-1": ("debate", "debate (best-of-1)")}
 TOURNAMENT = ("gap_mean", "gap_slope", "accuracy_slope")
-
-
-def judged(cache, model, tok, items, kind: str, setting: dict) -> dict:
-    """The naive or expert judge's verdicts on `items` (debate.judge), through cache (run.cached), keyed by the
-    stories, the model, the reading and the batch."""
-    digest = hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
-    key = {"kind": kind, "ids": [it["id"] for it in items], "stories": digest, "model": setting["model_name"],
-           "reading": setting["reading"], "batch_size": setting["batch_size"]}
-    made = cache(f"hard-{kind}", key, lambda: {k: [float(x) for x in v] for k, v in debate.judge(
-        model, tok, items, kind, batch_size=setting["batch_size"], reading=setting["reading"]).items()
-        if k in ("p_correct_first", "p_correct_second")})
-    return crossplay.verdicts(made["p_correct_first"], made["p_correct_second"])
 
 
 def study(cache, model, tok, items, ks, draws, seed: int, setting: dict) -> dict:
@@ -36,7 +21,9 @@ def study(cache, model, tok, items, ks, draws, seed: int, setting: dict) -> dict
     then stories, the tournament's per-draw table (crossplay.debater_table) and statistics, and the records."""
     ks = check_strengths(ks)
     top, best_of = len(ks) - 1, ks[-1]
-    judgments = {k: judged(cache, model, tok, items, k, setting) for k in ("naive", "expert")}
+    judgments = {k: debate.cached_judge(cache, model, tok, items, k, model_name=setting["model_name"],
+                                        batch_size=setting["batch_size"], reading=setting["reading"])
+                 for k in ("naive", "expert")}
     pools = [crossplay.pool(cache, model, tok, items, "debate", seed=s, **{**setting, "best_of": best_of})
              for s in draws]
     plays = [crossplay.cross_play(cache, model, tok, p, ks, model_name=setting["model_name"],
