@@ -23,6 +23,7 @@ the same values and weights either way; a read-back of what a worker made in thi
 import contextlib
 import multiprocessing
 import os
+import pickle
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -56,11 +57,14 @@ def _init(device: str, parent: int) -> None:
     hf_logging.disable_progress_bar()
 
 
-def _call(fn, job: dict):
+def _call(fn, job: bytes) -> bytes:
+    """fn(**job) in a worker, its job and its result pickled by value (standard pickle): a tensor then travels as its
+    bytes, not as a file descriptor of shared memory, which torch's reductions would open per tensor (jobs that carry
+    adapter weights, e.g. MALT's stages, ran out of descriptors)."""
     phases.reset()
     t0 = time.perf_counter()
-    out = fn(**job)
-    return out, phases.snapshot(time.perf_counter() - t0)
+    out = fn(**pickle.loads(job))
+    return pickle.dumps((out, phases.snapshot(time.perf_counter() - t0)), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def run_jobs(fn, jobs, workers: int = 1, progress: str = None) -> list:
@@ -83,12 +87,13 @@ def run_jobs(fn, jobs, workers: int = 1, progress: str = None) -> list:
     t0 = time.perf_counter()
     with one_thread, ProcessPoolExecutor(min(workers, len(jobs)), mp_context=spawn, initializer=_init,
                                          initargs=(str(models.current_device()), os.getpid())) as pool:
-        futures = {pool.submit(_call, fn, job): i for i, job in enumerate(jobs)}
+        futures = {pool.submit(_call, fn, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)): i
+                   for i, job in enumerate(jobs)}
         done = {}
         for f in as_completed(futures):
             i = futures[f]
             try:
-                done[i] = f.result()
+                done[i] = pickle.loads(f.result())
             except Exception as e:  # noqa: BLE001 - one line that says which job failed, the cause kept
                 for other in futures:
                     other.cancel()
