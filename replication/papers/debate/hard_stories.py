@@ -1,9 +1,9 @@
-"""Debate on hard stories (notebook 04, section (e)): stories whose distractor appears in the story itself, as in
+"""Debate on hard stories (notebook 04, section (d)): stories whose distractor appears in the story itself, as in
 the paper's QuALITY-HARD split, where a judge who reads the story is helped less. For one story level: the naive and
-expert judges (debate.cached_judge), one-round debaters of several strengths (best-of-k, any k up to the largest, from one pool of
-sampled arguments per draw: crossplay.pool), their cross-play tournament (crossplay.cross_play), the accuracy of
-debate against the naive and the expert judge, and the tournament's statistics over draws (crossplay.over_draws).
-Debate only: the consultancy rows stay with the notebook's main level."""
+expert judges (debate.cached_judge), one-round debaters of several strengths (best-of-k, any k up to the largest,
+from one pool of sampled arguments per draw: crossplay.pool), their cross-play tournament (crossplay.cross_play),
+the accuracy of debate against the naive and the expert judge, and the tournament's statistics over draws
+(crossplay.over_draws). Debate only: the consultancy rows stay with the notebook's main level."""
 from replication.core import config, stats
 from . import crossplay, debate, debate_eval
 from .params import check_strengths
@@ -14,7 +14,7 @@ TOURNAMENT = ("gap_mean", "gap_slope", "accuracy_slope")
 
 
 def study(cache, model, tok, items, ks, draws, seed: int, setting: dict) -> dict:
-    """Everything section (e) shows for one story level. setting: crossplay.pool's model_name, word_limit,
+    """Everything section (d) shows for one story level. setting: crossplay.pool's model_name, word_limit,
     temperature, batch_size and reading (best_of is max(ks)); draws: the arguments' sampling seeds. Returns the
     judgments by protocol (naive, expert: one each; debate at the strongest k and at best-of-1: one per draw),
     their accuracies, expert - naive (paired bootstrap over stories), the paired differences of PAIRS over draws

@@ -10,7 +10,7 @@ READINGS = ("likelihood", "letter")  # the judge's answer read as each answer's 
 
 
 def check_strengths(ks) -> list:
-    """Section (e)'s debaters, best-of-k for each k: integers from 1, increasing, at least two (best-of-1 and a
+    """Section (d)'s debaters, best-of-k for each k: integers from 1, increasing, at least two (best-of-1 and a
     stronger debater)."""
     ks = list(ks) if isinstance(ks, (list, tuple)) else [ks]
     if len(ks) < 2 or ks[0] != 1 or any(not isinstance(k, int) or k < 1 for k in ks) or ks != sorted(set(ks)):
@@ -44,7 +44,7 @@ class Debate(LM):
     arg_noise: float = p(low=0.0, high=10.0)
     judge_noise: float = p(low=0.0, high=10.0)
     judge_noises: list = p(each={"low": 0.0, "high": 10.0})
-    hard_level: Optional[str] = p(choices=LEVELS)   # section (e); None: no section
+    hard_level: Optional[str] = p(choices=LEVELS)   # section (d); None: no section
     hard_strengths: list = p()
 
     def check(self):
