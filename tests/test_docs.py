@@ -41,6 +41,14 @@ def test_a_headline_that_names_no_claim_stops_with_one_line(tmp_path, monkeypatc
         glance.table()
 
 
+def test_the_yardstick_row_says_which_seeds_failed_which_check_in_words():
+    text = "failed health check: rlvr lr 0.0003 seed 1 (learned, length_ok); rlvr lr 0.0003 seed 2 (learned)"
+    assert glance._health_words(text) == (" (seeds 1, 2: training reward did not rise clearly; "
+                                          "seed 1: replies collapsed in length)")
+    assert glance._health_words(None) == ""
+    assert glance._health_words("failed health check: rlvr (learned)") == " (a failed health check: see the page)"
+
+
 def test_every_paper_and_notebook_00_has_a_page_linked_from_the_readme():
     readme = (ROOT / "README.md").read_text()
     for page in PAGES:

@@ -44,7 +44,8 @@ def _effect(est, lo, hi) -> str:
     """'+0.142 [-0.013, +0.296]' for a difference; a ratio (an interval reaching inf) as '20.54 [6.21, inf]'."""
     if hi == float("inf"):
         return f"{number(est)} [{number(lo)}, inf]"
-    return f"{est:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    digits = 1 if max(abs(est), abs(lo), abs(hi)) >= 10 else 3   # Elo points in tenths, differences in thousandths
+    return f"{est:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
 
 
 def _claim(claims: list, pieces, stem: str) -> dict:
@@ -55,6 +56,26 @@ def _claim(claims: list, pieces, stem: str) -> dict:
         raise ValueError(f"glance.HEADLINES: {len(found)} real-model claims of {stem} contain {' or '.join(map(repr, pieces))}; "
                          f"name exactly one")
     return found[0]
+
+
+# A failed health check in plain words (lm.arms.CHECKS).
+CHECK_WORDS = {"learned": "training reward did not rise clearly", "accuracy_ok": "held-out accuracy fell below the base",
+               "length_ok": "replies collapsed in length"}
+
+
+def _health_words(health) -> str:
+    """' (seeds 1, 2: training reward did not rise clearly)' from a record's failed-health text
+    ('failed health check: rlvr seed 1 (learned); ...'), '' when every seed passed."""
+    if not health:
+        return ""
+    failed = {}
+    for seed, checks in re.findall(r"seed (\d+) \(([^)]*)\)", health):
+        for check in checks.split(", "):
+            failed.setdefault(check, []).append(seed)
+    if not failed:
+        return " (a failed health check: see the page)"
+    return " (" + "; ".join(f"seed{'s' * (len(s) > 1)} {', '.join(s)}: {CHECK_WORDS.get(k, k)}"
+                            for k, s in failed.items()) + ")"
 
 
 def _tally(claims: list) -> str:
@@ -70,8 +91,7 @@ def table(metrics: Path = None) -> str:
              "|---|---|---|---|---|---|---|---|"]
     name, stem, says, page = SETUP
     y = read(stem)["metrics"]["yardstick"]
-    health = " (a failed health check: see the page)" if y.get("health") else ""
-    lines.append(f"| [{name}]({page}) | `{stem[:2]}` | {says} | check{health} | "
+    lines.append(f"| [{name}]({page}) | `{stem[:2]}` | {says} | yardstick{_health_words(y.get('health'))} | "
                  f"{_effect(*y['gain'])} over the base's {number(y['base_accuracy'])} | {y['n']} | - | - |")
     for paper, stem, says, piece, page in HEADLINES:
         claims = read(stem)["claims"]
@@ -97,14 +117,17 @@ def _measured(c: dict) -> str:
 
 def claims_table(stem: str, metrics: Path = None) -> str:
     """One notebook's claims as a page's table, numbered as in the ledger: the claim, its evidence, what it stands
-    on, the verdict, the effect with its interval (else the measured value) and n."""
+    on ('as above' where it repeats the row above), the verdict, the effect with its interval (else the measured
+    value) and n."""
     metrics = Path(metrics or config.ROOT / "figures" / "metrics")
     claims = json.loads((metrics / f"{stem}.json").read_text())["claims"]
     first = sum(len(json.loads(p.read_text())["claims"]) for p in sorted(metrics.glob("*.json")) if p.stem < stem)
     lines = ["| # | claim | evidence | task; judge | verdict | measured: effect [95% interval] | n |",
              "|---|---|---|---|---|---|---|"]
+    above = None
     for i, c in enumerate(claims, first + 1):   # numbered as in the ledger, from 1
         setting = "; ".join(x for x in (c.get("task"), c.get("judge")) if x) or "-"
+        setting, above = ("as above" if setting == above and setting != "-" else setting), setting
         verdict = c["verdict"] + (" (a failed health check)" if c.get("health") else "")
         lines.append(f"| {i} | {c['claim']} | {c['evidence']} | {setting} | {verdict} | {_measured(c)} | {c.get('n') or '-'} |")
     return "\n".join(lines) + "\n"
