@@ -11,7 +11,7 @@ from scipy.stats import mannwhitneyu
 from replication.core import config, stats
 from replication.lm import arms, grpo, loop, models, training
 from replication.lm.rollout import Recorder
-from replication.papers.rlpr import answers, reward_quality, rlpr, rlpr_training
+from replication.papers.rlpr import answers, reward_quality, rlpr, rlpr_eval, rlpr_runs, rlpr_training
 
 
 def merging_tokenizer():
@@ -322,7 +322,7 @@ def test_sample_draws_caches_each_draw_under_its_own_seed(tiny):
         keys.append((name, key))
         return make()
 
-    setting = rlpr_training.ArmSetting(grpo.GRPOConfig(temperature=1.0), 1, 1, max_new_tokens=4, batch_size=4)
+    setting = rlpr_runs.ArmSetting(grpo.GRPOConfig(temperature=1.0), 1, 1, max_new_tokens=4, batch_size=4)
     R = reward_quality.sample_draws(*tiny, qs, 2, [0, 1], setting, cache=cache)
     assert [(name, key["seed"]) for name, key in keys] == [("samples", 0), ("samples", 1)]   # each draw its own entry
     assert keys[0][1] == {**keys[1][1], "seed": 0} and keys[0][1]["questions"] == [q.id for q in qs]
@@ -494,28 +494,28 @@ def test_health_check_and_arm_records():
     base = heldout_table([True] * 40 + [False] * 60)                      # 0.40, Wilson low ~0.31
     rising = step_rows(list(np.linspace(0.2, 0.6, 12) + rng.normal(0, 0.02, 12)))
     good = heldout_table([True] * 60 + [False] * 40)
-    h = rlpr_training.health(rising, good, base, n_boot=200)
+    h = rlpr_eval.health(rising, good, base, n_boot=200)
     assert h["healthy"] and h["failed"] == [] and h["signal"]["ci95"][0] > 0
     assert h["base_accuracy_low"] == pytest.approx(stats.proportion_ci(40, 100)[1])
     flat = step_rows([0.4, 0.6, 0.5] * 4)                                  # no clear rise over the steps
-    assert rlpr_training.health(flat, good, base, n_boot=200)["failed"] == ["learned"]
+    assert rlpr_eval.health(flat, good, base, n_boot=200)["failed"] == ["learned"]
     worse = heldout_table([True] * 20 + [False] * 80)
-    assert rlpr_training.health(rising, worse, base, n_boot=200)["failed"] == ["accuracy_ok"]
+    assert rlpr_eval.health(rising, worse, base, n_boot=200)["failed"] == ["accuracy_ok"]
     short = step_rows(list(np.linspace(0.2, 0.6, 12)), lengths=[18.0] * 6 + [4.0] * 6)
-    assert rlpr_training.health(short, good, base, n_boot=200)["failed"] == ["length_ok"]
+    assert rlpr_eval.health(short, good, base, n_boot=200)["failed"] == ["length_ok"]
     terse = heldout_table([True] * 60 + [False] * 40, tokens=3)
-    assert rlpr_training.health(rising, terse, base, n_boot=200)["failed"] == ["length_ok"]
+    assert rlpr_eval.health(rising, terse, base, n_boot=200)["failed"] == ["length_ok"]
     first, last = arms.thirds(10)
     assert first.sum() == last.sum() == 3 and first[:3].all() and last[-3:].all()
     assert arms.thirds(2)[0].tolist() == [True, False]
 
-    rec = rlpr_training.arm_record("rlpr", rising, good, base, group=8, n_boot=200)
+    rec = rlpr_eval.arm_record("rlpr", rising, good, base, group=8, n_boot=200)
     assert {"arm": "rlpr", "steps": 12, "samples": 12 * 4 * 8, "n_heldout": 100, "accuracy": 0.6, "healthy": True}.items() <= rec.items()
     assert rec["interval"] == pytest.approx(list(stats.proportion_ci(60, 100)[1:]))
     assert rec["vs_base"]["difference"] == pytest.approx(0.2) and rec["zero_std_rolled"] == 0.25 and rec["rollouts"] == 23
     assert rec["grad_norm_cv"] == pytest.approx(np.std([1.0, 3.0] * 6, ddof=1) / 2.0)
-    records = {"rlpr": rec, "rlvr": rlpr_training.arm_record("rlvr", flat, good, base, 8, 200),
-               "base": rlpr_training.base_record(base)}
+    records = {"rlpr": rec, "rlvr": rlpr_eval.arm_record("rlvr", flat, good, base, 8, 200),
+               "base": rlpr_eval.base_record(base)}
     tables = {"rlpr": good, "rlvr": good, "base": base}
     vs_base = arms.compare("rlpr", "base", tables, records, n_boot=200)
     assert vs_base["pair"] == "rlpr - base" and vs_base["n"] == "1 seed x 100 questions"
@@ -532,7 +532,7 @@ def test_health_check_and_arm_records():
 
 def test_each_variant_trains_once_per_seed(monkeypatch):
     monkeypatch.setattr(models, "load_model", lambda name: models.tiny_model(seed=0))
-    monkeypatch.setattr(rlpr_training, "Reward", lambda *a, **k: letter_reward)   # varies within groups
+    monkeypatch.setattr(rlpr_runs, "Reward", lambda *a, **k: letter_reward)   # varies within groups
     pool, heldout = answers.make_questions(6, 0, seed=0)["train"], answers.make_questions(2, 0, seed=0)["heldout"]
     cfg = grpo.GRPOConfig(num_generations=2, max_new_tokens=4, kl_beta=0.0, seed=7)
     keys = []
@@ -541,9 +541,9 @@ def test_each_variant_trains_once_per_seed(monkeypatch):
         keys.append(key)
         return None
 
-    arm = rlpr_training.ArmSetting(cfg, 2, 2, warmup=(0, 1), lora_r=4, max_new_tokens=4, batch_size=4)
-    runs = rlpr_training.run_seeds("rlpr_no_filter", [7, 8], pool, heldout, arm, run_folder=folder)
-    first = rlpr_training.run_variant("rlpr_no_filter", pool, heldout, arm, run_folder=folder)
+    arm = rlpr_runs.ArmSetting(cfg, 2, 2, warmup=(0, 1), lora_r=4, max_new_tokens=4, batch_size=4)
+    runs = rlpr_runs.run_seeds("rlpr_no_filter", [7, 8], pool, heldout, arm, run_folder=folder)
+    first = rlpr_runs.run_variant("rlpr_no_filter", pool, heldout, arm, run_folder=folder)
     assert [k["grpo"]["seed"] for k in keys] == [7, 8, 7] and keys[0] == keys[2]   # seed 0's key: run_variant's own
     assert runs[0][0]["reward_mean"].tolist() == first[0]["reward_mean"].tolist()
     assert runs[0][0]["reward_mean"].tolist() != runs[1][0]["reward_mean"].tolist()   # another seed, other rollouts
@@ -551,29 +551,29 @@ def test_each_variant_trains_once_per_seed(monkeypatch):
 
 def test_run_all_keeps_variants_and_seeds_in_order(monkeypatch):
     monkeypatch.setattr(models, "load_model", lambda name: models.tiny_model(seed=0))
-    monkeypatch.setattr(rlpr_training, "Reward", lambda *a, **k: letter_reward)
+    monkeypatch.setattr(rlpr_runs, "Reward", lambda *a, **k: letter_reward)
     pool, heldout = answers.make_questions(6, 0, seed=0)["train"], answers.make_questions(2, 0, seed=0)["heldout"]
     cfg = grpo.GRPOConfig(num_generations=2, max_new_tokens=4, kl_beta=0.0, seed=7)
     keys = []
     kw = dict(run_folder=lambda name, key: keys.append((name, key["grpo"]["seed"])))
-    arm = rlpr_training.ArmSetting(cfg, 2, 2, warmup=(0, 1), lora_r=4, max_new_tokens=4, batch_size=4)
-    both = rlpr_training.run_all(["rlvr", "rlpr_no_filter"], [7, 8], pool, heldout, arm, workers=1, **kw)
+    arm = rlpr_runs.ArmSetting(cfg, 2, 2, warmup=(0, 1), lora_r=4, max_new_tokens=4, batch_size=4)
+    both = rlpr_runs.run_all(["rlvr", "rlpr_no_filter"], [7, 8], pool, heldout, arm, workers=1, **kw)
     assert list(both) == ["rlvr", "rlpr_no_filter"] and [len(v) for v in both.values()] == [2, 2]
     assert keys == [("rlvr", 7), ("rlvr", 8), ("rlpr_no_filter", 7), ("rlpr_no_filter", 8)]
-    alone = rlpr_training.run_seeds("rlpr_no_filter", [7, 8], pool, heldout, arm, **kw)
+    alone = rlpr_runs.run_seeds("rlpr_no_filter", [7, 8], pool, heldout, arm, **kw)
     for (rows, table), (rows_, table_) in zip(both["rlpr_no_filter"], alone):
         assert rows["reward_mean"].tolist() == rows_["reward_mean"].tolist() and table.equals(table_)
     with pytest.raises(ValueError, match="workers=0"):
-        rlpr_training.run_all(["rlvr"], [7], pool, heldout, arm, workers=0, **kw)
+        rlpr_runs.run_all(["rlvr"], [7], pool, heldout, arm, workers=0, **kw)
 
 
 def test_filter_summary_per_seed():
     rows = step_rows([0.1, 0.2])
-    filt = rlpr_training.filter_summary({"rlpr": rows}, std_filter_factor=0.5, warmup=(0, 1))
+    filt = rlpr_eval.filter_summary({"rlpr": rows}, std_filter_factor=0.5, warmup=(0, 1))
     assert filt["final_threshold"] == [pytest.approx(0.2)] and filt["fraction_filtered"] == 0.5
-    assert filt["threshold_by_step"] == [[None, 0.2]] and rlpr_training.filter_summary({}, 0.5, (0, 1))["fraction_filtered"] is None
+    assert filt["threshold_by_step"] == [[None, 0.2]] and rlpr_eval.filter_summary({}, 0.5, (0, 1))["fraction_filtered"] is None
     other = rows.assign(fraction_filtered=[0.0, 0.1], ema=[None, 0.6])
-    two = rlpr_training.filter_summary({"rlpr_no_debias": [rows], "rlpr": [rows, other]}, 0.5, (0, 1))
+    two = rlpr_eval.filter_summary({"rlpr_no_debias": [rows], "rlpr": [rows, other]}, 0.5, (0, 1))
     assert two["variant"] == "rlpr" and two["fraction_filtered_by_seed"] == pytest.approx([0.5, 0.1])
     assert two["fraction_filtered"] == pytest.approx(0.3) and two["final_threshold"] == pytest.approx([0.2, 0.3])
     assert two["rollouts_by_step"] == [[1, 2], [1, 2]]

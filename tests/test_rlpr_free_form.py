@@ -10,7 +10,7 @@ import torch
 
 from replication.core import config, params, stats
 from replication.lm import grpo, models, tasks
-from replication.papers.rlpr import answers, reward_quality, rlpr, rlpr_training
+from replication.papers.rlpr import answers, reward_quality, rlpr, rlpr_eval, rlpr_runs
 from replication.papers.rlpr.params import VARIANTS
 
 
@@ -53,7 +53,7 @@ def test_answer_follows_work_per_arm_and_seed_against_a_hand_count():
                              "correct": [answers.is_correct(r, q.aliases, q.value) for r, q in zip(replies, qs)]})
     base = table(["60 + 10 = 70. The answer is 70.", "20 + 10 = 31. The answer is 31.", "The answer is 11."])
     drifted = table(["60 + 10 = 70. The answer is 18.", "20 + 10 = 30. The answer is 4.", "5 + 6 = 11. The answer is 11."])
-    got = rlpr_training.answer_follows_work({"base": base, "rlpr": [base, drifted]}, qs, seeds=[7, 8])
+    got = rlpr_eval.answer_follows_work({"base": base, "rlpr": [base, drifted]}, qs, seeds=[7, 8])
     assert got.index.tolist()[1:] == [("rlpr", 7), ("rlpr", 8)]
     assert got.index[0][0] == "base" and pd.isna(got.index[0][1])   # the base model has no training seed
     assert got.loc[("rlpr", 8)].to_dict() == pytest.approx(
@@ -157,16 +157,16 @@ def test_initial_r_prime_is_fixed_while_the_per_step_one_follows_the_policy():
 def test_each_variant_gets_its_r_prime_scored_once(monkeypatch):
     monkeypatch.setattr(models, "load_model", lambda name: models.tiny_model(seed=0))
     seen, calls = [], []
-    monkeypatch.setattr(rlpr_training, "Reward", lambda *a, **k: seen.append((a[2], k["baseline"])) or letter_reward)
-    real = rlpr_training.initial_baseline
-    monkeypatch.setattr(rlpr_training, "initial_baseline", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(rlpr_runs, "Reward", lambda *a, **k: seen.append((a[2], k["baseline"])) or letter_reward)
+    real = rlpr_runs.initial_baseline
+    monkeypatch.setattr(rlpr_runs, "initial_baseline", lambda *a, **k: calls.append(1) or real(*a, **k))
     pool, heldout = answers.make_questions(4, 0, seed=0)["train"], answers.make_questions(2, 0, seed=0)["heldout"]
     cfg = grpo.GRPOConfig(num_generations=2, max_new_tokens=4, kl_beta=0.0, seed=3)
     keys = []
     kw = dict(run_folder=lambda name, key: keys.append(key))
-    arm = rlpr_training.ArmSetting(cfg, 2, 2, warmup=(0, 1), lora_r=4, max_new_tokens=4, batch_size=4)
+    arm = rlpr_runs.ArmSetting(cfg, 2, 2, warmup=(0, 1), lora_r=4, max_new_tokens=4, batch_size=4)
     for v in ("rlpr", "rlpr_per_step_r_prime", "rlvr", "oracle", "rlpr_no_debias"):
-        rlpr_training.run_variant(v, pool, heldout, arm, **kw)
+        rlpr_runs.run_variant(v, pool, heldout, arm, **kw)
     assert len(calls) == 1   # two steps, one scoring of r': the authors' arm only, before its first step
     (kind, table), *rest = seen
     torch.manual_seed(config.derive_seed(3, "rlpr-lora"))
@@ -178,12 +178,12 @@ def test_each_variant_gets_its_r_prime_scored_once(monkeypatch):
     assert [k["r_prime"] for k in keys] == ["initial", "per_step", None, None, None]
     given = {q.id: [0.5] for q in pool}   # the notebook scores it once for every arm and seed and passes it in
     seen.clear()
-    rlpr_training.run_variant("rlpr_no_filter", pool, heldout, replace(arm, steps=1), r_prime=given, **kw)
+    rlpr_runs.run_variant("rlpr_no_filter", pool, heldout, replace(arm, steps=1), r_prime=given, **kw)
     assert seen == [("probability", given)] and len(calls) == 1
 
 
 def test_parameters_know_every_variant_and_keep_part_a_in_the_pool():
-    assert rlpr_training.VARIANTS is VARIANTS   # one table of the arms, read by the parameters and the training
+    assert rlpr_runs.VARIANTS is VARIANTS   # one table of the arms, read by the parameters and the training
     cell = params.cell_values(config.ROOT / "notebooks" / "03_rlpr_debiasing.ipynb")
     cfg = params.build("03_rlpr_debiasing", cell)
     assert {"rlpr", "rlvr", "oracle"} <= set(cfg.variants) and "rlpr_per_step_r_prime" not in cfg.variants

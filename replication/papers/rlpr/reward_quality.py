@@ -49,7 +49,7 @@ def sample_replies(model, tok, questions, samples: int, temperature: float = 1.0
 def sample_draws(model, tok, questions, samples: int, seeds, setting, cache=None) -> pd.DataFrame:
     """One draw of sampled replies per sampling seed in `seeds` (sample_replies with seed=s) with their reward
     columns, stacked with a `draw` column (0, 1, ... in the order of `seeds`). `setting`: the arms' setting of the
-    notebook (rlpr_training.ArmSetting: its model, worked examples, sampling temperature, reply length and batch).
+    notebook (rlpr_runs.ArmSetting: its model, worked examples, sampling temperature, reply length and batch).
     cache(name, key, make) is the notebook's run.cached: each draw is cached on its own under "samples", keyed by
     every setting and its seed, so a run with more draws reuses the draws done."""
     key = {"questions": [q.id for q in questions], "references": [q.reference for q in questions],
