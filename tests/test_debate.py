@@ -1,5 +1,6 @@
 import itertools
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -182,10 +183,10 @@ def test_paper_effect_is_the_llm_judges_debate_minus_naive():
 def test_draws_keep_the_first_draws_cache_key():
     """Draw i argues with sampling seed seed + i: the first draw's cache key is the one-draw notebook's."""
     items = stories.make_stories(2, seed=0)
-    kw = dict(model_name="m", rounds=1, word_limit=5, best_of=2, temperature=0.7, batch_size=2)
-    keys = [debate.cached_protocol(lambda name, key, make: key, None, None, items, "debate", seed=s, **kw)
+    S = debate.Setting(model_name="m", rounds=1, word_limit=5, best_of=2, temperature=0.7, batch_size=2)
+    keys = [debate.cached_protocol(lambda name, key, make: key, None, None, items, "debate", S, s)
             for s in arms.training_seeds(0, 3)]
-    assert keys[0] == debate.cached_protocol(lambda name, key, make: key, None, None, items, "debate", seed=0, **kw)
+    assert keys[0] == debate.cached_protocol(lambda name, key, make: key, None, None, items, "debate", S, 0)
     assert [k["seed"] for k in keys] == [0, 1, 2] and len({debate.generation_seed(k["seed"], 1) for k in keys}) == 3
 
 
@@ -203,16 +204,16 @@ def test_cached_protocol_goes_through_the_cache(monkeypatch):
 
     monkeypatch.setattr(debate, "run_protocol", fake_run)
     items = stories.make_stories(2, seed=0)
-    kw = dict(model_name="m", rounds=1, word_limit=5, best_of=2, temperature=0.7, seed=0, batch_size=2)
-    a = debate.cached_protocol(cache, None, None, items, "debate", **kw)
-    b = debate.cached_protocol(cache, None, None, items, "debate", **kw)
+    S = debate.Setting(model_name="m", rounds=1, word_limit=5, best_of=2, temperature=0.7, batch_size=2)
+    a = debate.cached_protocol(cache, None, None, items, "debate", S, 0)
+    b = debate.cached_protocol(cache, None, None, items, "debate", S, 0)
     assert a is b and len(calls) == 1 and "seconds" in a and list(store)[0][0] == "debate-bo2"
-    debate.cached_protocol(cache, None, None, items, "debate", **{**kw, "seed": 1})
+    debate.cached_protocol(cache, None, None, items, "debate", S, 1)
     assert len(calls) == 2, "the seed is part of the key"
-    debate.cached_protocol(cache, None, None, items, "debate", **{**kw, "batch_size": 1})
+    debate.cached_protocol(cache, None, None, items, "debate", replace(S, batch_size=1), 0)
     assert len(calls) == 3, "the batch size is part of the key: each batch samples from its own seed"
     assert "preference" in list(store)[0][1] and "preference" not in debate.cached_protocol(
-        lambda name, key, make: key, None, None, items, "debate", **{**kw, "best_of": 1}), "how best-of-N rates"
+        lambda name, key, make: key, None, None, items, "debate", replace(S, best_of=1), 0), "how best-of-N rates"
 
 
 def test_generation_seeds_are_derived_and_fit_the_generator():

@@ -2,6 +2,7 @@
 pair judged once per distinct pair of arguments in both orders, the round robin and the authors' Elo fits, the
 claims' statistics over draws then questions (synthetic preferences and a tiny model)."""
 import re
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from replication.lm import elo
 from replication.papers.debate import crossplay, debate, debate_sim, stories
 
 STEM = "04_debate_judge_accuracy"
+SETTING = debate.Setting(model_name="m", word_limit=5, best_of=4, temperature=0.7, batch_size=8)
 
 
 def test_ladder_and_its_parameter_check():
@@ -83,7 +85,7 @@ def test_cross_play_judges_each_distinct_pair_once_in_both_orders(monkeypatch):
         return store[(name, str(key))]
 
     pool, ks = _pool(), [1, 2, 4]
-    play = crossplay.cross_play(cache, None, None, pool, ks, model_name="m", batch_size=8, reading="likelihood", chunk=2)
+    play = crossplay.cross_play(cache, None, None, pool, ks, SETTING, chunk=2)
     idx = crossplay.picks(pool, ks)
     distinct = sum(len({(int(idx[q, 0, a]), int(idx[q, 1, b])) for a in range(3) for b in range(3)}) for q in range(3))
     assert play["pairs_judged"] == distinct < 27 and len(seen) == distinct * 2 * 2, "each distinct pair: 2 orders x 2 answers"
@@ -96,7 +98,7 @@ def test_cross_play_judges_each_distinct_pair_once_in_both_orders(monkeypatch):
                 assert play["first"][q, a, b] == pytest.approx(sig(gap + 0.5)) and play["second"][q, a, b] == pytest.approx(sig(gap - 0.5))
                 c = crossplay.cell(play, a, b)
                 assert c["p_correct"][q] == pytest.approx((sig(gap + 0.5) + sig(gap - 0.5)) / 2)
-    again = crossplay.cross_play(cache, None, None, pool, ks, model_name="m", batch_size=8, reading="likelihood", chunk=2)
+    again = crossplay.cross_play(cache, None, None, pool, ks, SETTING, chunk=2)
     assert len(seen) == distinct * 4 and np.array_equal(again["first"], play["first"]), "the cached verdicts, no judging"
 
 
@@ -178,15 +180,15 @@ def test_consultancy_statistics():
 def test_pool_pieces_argue_with_their_own_seeds(monkeypatch):
     calls = []
 
-    def fake(cache, model, tok, items, kind, **kw):
-        calls.append(kw)
+    def fake(cache, model, tok, items, kind, setting, seed):
+        calls.append({**asdict(setting), "seed": seed})
         out = {"items": items, "transcripts": [[["a", "b"]] for _ in items], "tokens": 2, "seconds": 1.0,
                "arguments": [{"item": k, "side": s} for k in range(len(items)) for s in (0, 1)]}
         return out
 
     monkeypatch.setattr(debate, "cached_protocol", fake)
     items = stories.make_stories(5)
-    out = crossplay.pool(None, None, None, items, "debate", seed=3, chunk=2, best_of=4, model_name="m")
+    out = crossplay.pool(None, None, None, items, "debate", replace(SETTING, best_of=4, rounds=3), 3, chunk=2)
     assert [c["seed"] for c in calls] == [crossplay.piece_seed(3, c) for c in range(3)] and len({c["seed"] for c in calls}) == 3
     assert all(c["rounds"] == 1 and c["best_of"] == 4 for c in calls) and crossplay.pieces(5, 2) == [(0, 2), (2, 4), (4, 5)]
     assert out["items"] == items and [a["item"] for a in out["arguments"]] == [k for k in range(5) for _ in (0, 1)]
@@ -204,11 +206,11 @@ def test_tournament_on_a_tiny_model(tiny):
             store[(name, str(key))] = make()
         return store[(name, str(key))]
 
-    kw = dict(model_name="tiny", word_limit=5, best_of=4, temperature=0.7, batch_size=8, reading="likelihood")
-    deb = crossplay.pool(cache, model, tok, items, "debate", seed=0, chunk=2, **kw)
-    cons = crossplay.pool(cache, model, tok, items, "consultancy", seed=0, chunk=2, **kw)
+    S = debate.Setting(model_name="tiny", word_limit=5, best_of=4, temperature=0.7, batch_size=8, reading="likelihood")
+    deb = crossplay.pool(cache, model, tok, items, "debate", S, 0, chunk=2)
+    cons = crossplay.pool(cache, model, tok, items, "consultancy", S, 0, chunk=2)
     ks = crossplay.ladder(4)
-    play = crossplay.cross_play(cache, model, tok, deb, ks, model_name="tiny", batch_size=8, reading="likelihood", chunk=2)
+    play = crossplay.cross_play(cache, model, tok, deb, ks, S, chunk=2)
     kept = debate.judge(model, tok, deb["items"], "debate", debate.best_of_k(deb, 4), batch_size=8)
     assert crossplay.cell(play, 2, 2)["p_correct"] == pytest.approx(kept["p_correct"], abs=1e-5)
     first = debate.judge(model, tok, deb["items"], "debate", debate.best_of_k(deb, 1), batch_size=8)

@@ -1,6 +1,7 @@
 """Notebook 04's section (d), debate on hard stories: the level reaching the judge's prompt, the debaters' strengths
 and their rule, and the whole study of one level over five strengths and two draws on a tiny model (the tournament's
 cells are the judge on the kept arguments; the naive and expert verdicts are cached)."""
+from dataclasses import replace
 import numpy as np
 import pytest
 
@@ -42,7 +43,8 @@ def test_the_study_of_one_level_over_five_strengths_and_two_draws(tiny):
             store[(name, str(key))] = make()
         return store[(name, str(key))]
 
-    setting = dict(model_name="tiny", word_limit=5, temperature=0.7, batch_size=8, reading="likelihood")
+    setting = debate.Setting(model_name="tiny", word_limit=5, best_of=1, temperature=0.7, batch_size=8,
+                             reading="likelihood")
     ks = [1, 2, 3, 4, 6]
     out = hard_stories.study(cache, model, tok, items, ks, [0, 1], seed=0, setting=setting)
     assert out["ks"] == ks and sorted(set(calls)) == ["crossplay", "debate-bo6", "judged-expert", "judged-naive"]
@@ -73,13 +75,14 @@ def test_the_naive_and_expert_verdicts_are_cached_as_judged(tiny):
     def cache(name, key, make):
         return store.setdefault((name, str(key)), make())
 
-    kw = dict(model_name="tiny", batch_size=4, reading="likelihood")
+    S = debate.Setting(model_name="tiny", word_limit=5, best_of=1, temperature=0.7, batch_size=4,
+                       reading="likelihood")
     for kind in ("naive", "expert"):
         direct = debate.judge(model, tok, items, kind, batch_size=4)
-        cached = debate.cached_judge(cache, model, tok, items, kind, **kw)
+        cached = debate.cached_judge(cache, model, tok, items, kind, S)
         assert set(cached) == set(direct) and all(np.array_equal(cached[k], direct[k]) for k in direct)
     assert len(store) == 2
-    debate.cached_judge(cache, model, tok, items, "naive", **{**kw, "reading": "letter"})
+    debate.cached_judge(cache, model, tok, items, "naive", replace(S, reading="letter"))
     assert len(store) == 3, "another reading, another entry"
     with pytest.raises(ValueError, match="kind='debate' is not allowed"):
-        debate.cached_judge(cache, model, tok, items, "debate", **kw)
+        debate.cached_judge(cache, model, tok, items, "debate", S)

@@ -10,6 +10,7 @@ orders; the best-of-k debater, k = 1, 2, 4, ..., best_of, keeps the judge-prefer
 and the tournament's verdicts, each distinct pair of arguments judged once."""
 import hashlib
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -56,12 +57,12 @@ def merge(outs: list) -> dict:
     return out
 
 
-def pool(cache, model, tok, items, kind: str, *, seed: int, chunk: int = CHUNK, **setting) -> dict:
-    """One draw's candidates for every story: a one-round best-of-`best_of` run_protocol (debate.cached_protocol,
-    every candidate rated and kept) in pieces of `chunk` stories, piece c argued with sampling seed
-    piece_seed(seed, c); merged. setting: cached_protocol's model_name, word_limit, best_of, temperature,
-    batch_size, reading (rounds is 1)."""
-    return merge([debate.cached_protocol(cache, model, tok, items[a:b], kind, rounds=1, seed=piece_seed(seed, c), **setting)
+def pool(cache, model, tok, items, kind: str, setting: debate.Setting, seed: int, chunk: int = CHUNK) -> dict:
+    """One draw's candidates for every story: a one-round best-of-`setting.best_of` run_protocol
+    (debate.cached_protocol, every candidate rated and kept) in pieces of `chunk` stories, piece c argued with
+    sampling seed piece_seed(seed, c); merged."""
+    one_round = replace(setting, rounds=1)
+    return merge([debate.cached_protocol(cache, model, tok, items[a:b], kind, one_round, piece_seed(seed, c))
                   for c, (a, b) in enumerate(pieces(len(items), chunk))])
 
 
@@ -82,12 +83,13 @@ def picked_words(out: dict, k: int) -> list:
     return [a["words_each"][debate.pick(a, k)] for a in out["arguments"]]
 
 
-def cross_play(cache, model, tok, out: dict, ks, *, model_name: str, batch_size: int, reading: str,
-               chunk: int = CHUNK) -> dict:
+def cross_play(cache, model, tok, out: dict, ks, setting: debate.Setting, chunk: int = CHUNK) -> dict:
     """Every pair of debaters on every story of a debate pool: debater a (best-of-ks[a]) argues the correct
     answer, debater b the distractor, self-play included (a = b). The judge reads each distinct pair of arguments
-    once, in both orders (debate.judge), in cached pieces of `chunk` stories keyed by what it reads. Returns
+    once, in both orders (debate.judge: `setting`'s model, batch and reading), in cached pieces of `chunk`
+    stories keyed by what it reads. Returns
     P(correct) with the correct answer's debater first and second, arrays (stories, a, b), and the pairs judged."""
+    model_name, batch_size, reading = setting.model_name, setting.batch_size, setting.reading
     idx, turns, m = picks(out, ks), _turns(out), len(ks)
     first, second, judged = np.empty((len(idx), m, m)), np.empty((len(idx), m, m)), 0
     for a, b in pieces(len(idx), chunk):

@@ -7,6 +7,7 @@ import json
 import re
 import string
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,6 +17,21 @@ from .params import READINGS
 
 # the opponent's turn while a candidate is rated (dummy_answer in ucl-dark/llm_debate core/agents/judge_quality.py)
 PLACEHOLDER = "My answer is the best choice and my opponent is wrong."
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a protocol run depends on besides its stories, its kind and its sampling seed, under notebook 04's
+    parameter names: the model's name, the arguments' word limit and best-of-N, the sampling temperature, the
+    batch, the judge's reading, the rounds and whether a debater's quote is opened for it (run_protocol's)."""
+    model_name: str
+    word_limit: int
+    best_of: int
+    temperature: float
+    batch_size: int
+    reading: str = "likelihood"
+    rounds: int = 1
+    open_quote: bool = True
 
 
 # --- the quote tool and word limits -------------------------------------------------------------------------
@@ -164,10 +180,11 @@ def judge(model, tok, items, kind: str, transcripts=None, batch_size: int = 16, 
             "p_first": p_first}
 
 
-def cached_judge(cache, model, tok, items, kind: str, *, model_name: str, batch_size: int, reading: str) -> dict:
+def cached_judge(cache, model, tok, items, kind: str, setting: Setting) -> dict:
     """judge() of a protocol without arguments (naive or expert) through cache(name, key, make) (the notebook's
-    run.cached), keyed by the stories (ids and content digest), the model, the reading and the batch: the same
-    arrays, read back."""
+    run.cached), keyed by the stories (ids and content digest), the model, the reading and the batch (of
+    `setting`): the same arrays, read back."""
+    model_name, batch_size, reading = setting.model_name, setting.batch_size, setting.reading
     if kind not in ("naive", "expert"):
         raise ValueError(f"kind={kind!r} is not allowed; cached_judge judges naive or expert (no arguments)")
     digest = hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
@@ -309,12 +326,13 @@ def best_of_k(out: dict, k: int) -> list:
     return [[t] for t in turns]
 
 
-def cached_protocol(cache, model, tok, items, kind: str, *, model_name: str, rounds: int, word_limit: int,
-                    best_of: int, temperature: float, seed: int, batch_size: int, open_quote: bool = True,
-                    reading: str = "likelihood") -> dict:
+def cached_protocol(cache, model, tok, items, kind: str, setting: Setting, seed: int) -> dict:
     """run_protocol once per configuration through cache(name, key, make) (the notebook's run.cached), keyed by
-    everything that determines the transcripts (the stories by their ids and content digest); the result also
-    holds the seconds it took to make."""
+    everything that determines the transcripts (the stories by their ids and content digest, `setting`, the
+    sampling seed); the result also holds the seconds it took to make."""
+    S = setting
+    model_name, rounds, word_limit, best_of = S.model_name, S.rounds, S.word_limit, S.best_of
+    temperature, batch_size, open_quote, reading = S.temperature, S.batch_size, S.open_quote, S.reading
     digest = hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
     key = {"kind": kind, "ids": [it["id"] for it in items], "stories": digest, "rounds": rounds, "word_limit": word_limit,
            "best_of": best_of, "temperature": temperature, "seed": seed, "batch_size": batch_size, "model": model_name,

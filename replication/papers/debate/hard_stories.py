@@ -4,6 +4,8 @@ expert judges (debate.cached_judge), one-round debaters of several strengths (be
 from one pool of sampled arguments per draw: crossplay.pool), their cross-play tournament (crossplay.cross_play),
 the accuracy of debate against the naive and the expert judge, and the tournament's statistics over draws
 (crossplay.over_draws). Debate only: the consultancy rows stay with the notebook's main level."""
+from dataclasses import replace
+
 from replication.core import config, stats
 from . import crossplay, debate, debate_eval
 from .params import check_strengths
@@ -13,21 +15,18 @@ PAIRS = {"debate - naive": ("debate", "naive"), "expert - debate": ("expert", "d
 TOURNAMENT = ("gap_mean", "gap_slope", "accuracy_slope")
 
 
-def study(cache, model, tok, items, ks, draws, seed: int, setting: dict) -> dict:
-    """Everything section (d) shows for one story level. setting: crossplay.pool's model_name, word_limit,
-    temperature, batch_size and reading (best_of is max(ks)); draws: the arguments' sampling seeds. Returns the
+def study(cache, model, tok, items, ks, draws, seed: int, setting: debate.Setting) -> dict:
+    """Everything section (d) shows for one story level. setting: the main level's (its best_of is replaced by
+    max(ks)); draws: the arguments' sampling seeds. Returns the
     judgments by protocol (naive, expert: one each; debate at the strongest k and at best-of-1: one per draw),
     their accuracies, expert - naive (paired bootstrap over stories), the paired differences of PAIRS over draws
     then stories, the tournament's per-draw table (crossplay.debater_table) and statistics, and the records."""
     ks = check_strengths(ks)
     top, best_of = len(ks) - 1, ks[-1]
-    judgments = {k: debate.cached_judge(cache, model, tok, items, k, model_name=setting["model_name"],
-                                        batch_size=setting["batch_size"], reading=setting["reading"])
-                 for k in ("naive", "expert")}
-    pools = [crossplay.pool(cache, model, tok, items, "debate", seed=s, **{**setting, "best_of": best_of})
-             for s in draws]
-    plays = [crossplay.cross_play(cache, model, tok, p, ks, model_name=setting["model_name"],
-                                  batch_size=setting["batch_size"], reading=setting["reading"]) for p in pools]
+    setting = replace(setting, best_of=best_of)
+    judgments = {k: debate.cached_judge(cache, model, tok, items, k, setting) for k in ("naive", "expert")}
+    pools = [crossplay.pool(cache, model, tok, items, "debate", setting, s) for s in draws]
+    plays = [crossplay.cross_play(cache, model, tok, p, ks, setting) for p in pools]
     judgments.update({"debate": [crossplay.cell(p, top, top) for p in plays],
                       "debate (best-of-1)": [crossplay.cell(p, 0, 0) for p in plays]})
     words = {"debate": [crossplay.picked_words(p, best_of) for p in pools],
