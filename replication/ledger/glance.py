@@ -24,8 +24,9 @@ END = "<!-- end of results at a glance -->"
 HEADLINES = (
     ("Elo-Evolve", "01_noise_analysis", "a pairwise judge is less noisy than absolute scores: noise ratio",
      "with a real LLM judge, comparison is less noisy", "replication/papers/elo_evolve/README.md"),
-    ("Elo-Evolve", "02_elo_dynamics", "Elo-Evolve (T = 200) beats point-based rewards: win-rate difference",
-     "Held-out win rate: point-based < static pairwise < Elo-Evolve", "replication/papers/elo_evolve/README.md"),
+    ("Elo-Evolve", "02_elo_dynamics", "under a judge that grades replies, Elo-Evolve (T = 200) beats point-based "
+     "rewards: accuracy difference", "Graded judge: held-out accuracy point-based < static pairwise < Elo-Evolve",
+     "replication/papers/elo_evolve/README.md"),
     ("RLPR", "03_rlpr_debiasing", "the probability reward trains better than a rule verifier: accuracy difference",
      "beats RLVR", "replication/papers/rlpr/README.md"),
     ("Debate", "04_debate_judge_accuracy", "a judge who hears a debate beats one who hears none: accuracy difference",
