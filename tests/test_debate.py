@@ -8,7 +8,7 @@ from scipy.optimize import minimize
 
 from replication.core import config, fmt, stats, verdicts
 from replication.lm import arms, elo
-from replication.papers.debate import debate, debate_eval, debate_sim as ds, stories
+from replication.papers.debate import debate, debate_eval, debate_runs, debate_sim as ds, stories
 
 STORY = "Before the storm, Ines hid the brass key in the \u201cblue lantern\u201d. Tomas searched the cargo-bay all night!"
 
@@ -183,10 +183,10 @@ def test_paper_effect_is_the_llm_judges_debate_minus_naive():
 def test_draws_keep_the_first_draws_cache_key():
     """Draw i argues with sampling seed seed + i: the first draw's cache key is the one-draw notebook's."""
     items = stories.make_stories(2, seed=0)
-    S = debate.Setting(model_name="m", rounds=1, word_limit=5, best_of=2, temperature=0.7, batch_size=2)
-    keys = [debate.cached_protocol(lambda name, key, make: key, None, None, items, "debate", S, s)
+    S = debate_runs.Setting(model_name="m", rounds=1, word_limit=5, best_of=2, temperature=0.7, batch_size=2)
+    keys = [debate_runs.cached_protocol(lambda name, key, make: key, None, None, items, "debate", S, s)
             for s in arms.training_seeds(0, 3)]
-    assert keys[0] == debate.cached_protocol(lambda name, key, make: key, None, None, items, "debate", S, 0)
+    assert keys[0] == debate_runs.cached_protocol(lambda name, key, make: key, None, None, items, "debate", S, 0)
     assert [k["seed"] for k in keys] == [0, 1, 2] and len({debate.generation_seed(k["seed"], 1) for k in keys}) == 3
 
 
@@ -204,15 +204,15 @@ def test_cached_protocol_goes_through_the_cache(monkeypatch):
 
     monkeypatch.setattr(debate, "run_protocol", fake_run)
     items = stories.make_stories(2, seed=0)
-    S = debate.Setting(model_name="m", rounds=1, word_limit=5, best_of=2, temperature=0.7, batch_size=2)
-    a = debate.cached_protocol(cache, None, None, items, "debate", S, 0)
-    b = debate.cached_protocol(cache, None, None, items, "debate", S, 0)
+    S = debate_runs.Setting(model_name="m", rounds=1, word_limit=5, best_of=2, temperature=0.7, batch_size=2)
+    a = debate_runs.cached_protocol(cache, None, None, items, "debate", S, 0)
+    b = debate_runs.cached_protocol(cache, None, None, items, "debate", S, 0)
     assert a is b and len(calls) == 1 and "seconds" in a and list(store)[0][0] == "debate-bo2"
-    debate.cached_protocol(cache, None, None, items, "debate", S, 1)
+    debate_runs.cached_protocol(cache, None, None, items, "debate", S, 1)
     assert len(calls) == 2, "the seed is part of the key"
-    debate.cached_protocol(cache, None, None, items, "debate", replace(S, batch_size=1), 0)
+    debate_runs.cached_protocol(cache, None, None, items, "debate", replace(S, batch_size=1), 0)
     assert len(calls) == 3, "the batch size is part of the key: each batch samples from its own seed"
-    assert "preference" in list(store)[0][1] and "preference" not in debate.cached_protocol(
+    assert "preference" in list(store)[0][1] and "preference" not in debate_runs.cached_protocol(
         lambda name, key, make: key, None, None, items, "debate", replace(S, best_of=1), 0), "how best-of-N rates"
 
 

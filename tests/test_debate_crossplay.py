@@ -10,10 +10,10 @@ import pytest
 from replication.run import settings  # noqa: F401  (registers the notebooks' parameter classes)
 from replication.core import config, params, stats, verdicts
 from replication.lm import elo
-from replication.papers.debate import crossplay, debate, debate_sim, stories
+from replication.papers.debate import crossplay, debate, debate_runs, debate_sim, stories
 
 STEM = "04_debate_judge_accuracy"
-SETTING = debate.Setting(model_name="m", word_limit=5, best_of=4, temperature=0.7, batch_size=8)
+SETTING = debate_runs.Setting(model_name="m", word_limit=5, best_of=4, temperature=0.7, batch_size=8)
 
 
 def test_ladder_and_its_parameter_check():
@@ -186,7 +186,7 @@ def test_pool_pieces_argue_with_their_own_seeds(monkeypatch):
                "arguments": [{"item": k, "side": s} for k in range(len(items)) for s in (0, 1)]}
         return out
 
-    monkeypatch.setattr(debate, "cached_protocol", fake)
+    monkeypatch.setattr(debate_runs, "cached_protocol", fake)
     items = stories.make_stories(5)
     out = crossplay.pool(None, None, None, items, "debate", replace(SETTING, best_of=4, rounds=3), 3, chunk=2)
     assert [c["seed"] for c in calls] == [crossplay.piece_seed(3, c) for c in range(3)] and len({c["seed"] for c in calls}) == 3
@@ -206,7 +206,7 @@ def test_tournament_on_a_tiny_model(tiny):
             store[(name, str(key))] = make()
         return store[(name, str(key))]
 
-    S = debate.Setting(model_name="tiny", word_limit=5, best_of=4, temperature=0.7, batch_size=8, reading="likelihood")
+    S = debate_runs.Setting(model_name="tiny", word_limit=5, best_of=4, temperature=0.7, batch_size=8, reading="likelihood")
     deb = crossplay.pool(cache, model, tok, items, "debate", S, 0, chunk=2)
     cons = crossplay.pool(cache, model, tok, items, "consultancy", S, 0, chunk=2)
     ks = crossplay.ladder(4)

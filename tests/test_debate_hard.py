@@ -7,7 +7,7 @@ import pytest
 
 from replication.run import settings  # noqa: F401  (registers the notebooks' parameter classes)
 from replication.core import config, params
-from replication.papers.debate import crossplay, debate, hard_stories, stories
+from replication.papers.debate import crossplay, debate, debate_runs, hard_stories, stories
 
 STEM = "04_debate_judge_accuracy"
 
@@ -43,7 +43,7 @@ def test_the_study_of_one_level_over_five_strengths_and_two_draws(tiny):
             store[(name, str(key))] = make()
         return store[(name, str(key))]
 
-    setting = debate.Setting(model_name="tiny", word_limit=5, best_of=1, temperature=0.7, batch_size=8,
+    setting = debate_runs.Setting(model_name="tiny", word_limit=5, best_of=1, temperature=0.7, batch_size=8,
                              reading="likelihood")
     ks = [1, 2, 3, 4, 6]
     out = hard_stories.study(cache, model, tok, items, ks, [0, 1], seed=0, setting=setting)
@@ -75,14 +75,14 @@ def test_the_naive_and_expert_verdicts_are_cached_as_judged(tiny):
     def cache(name, key, make):
         return store.setdefault((name, str(key)), make())
 
-    S = debate.Setting(model_name="tiny", word_limit=5, best_of=1, temperature=0.7, batch_size=4,
+    S = debate_runs.Setting(model_name="tiny", word_limit=5, best_of=1, temperature=0.7, batch_size=4,
                        reading="likelihood")
     for kind in ("naive", "expert"):
         direct = debate.judge(model, tok, items, kind, batch_size=4)
-        cached = debate.cached_judge(cache, model, tok, items, kind, S)
+        cached = debate_runs.cached_judge(cache, model, tok, items, kind, S)
         assert set(cached) == set(direct) and all(np.array_equal(cached[k], direct[k]) for k in direct)
     assert len(store) == 2
-    debate.cached_judge(cache, model, tok, items, "naive", replace(S, reading="letter"))
+    debate_runs.cached_judge(cache, model, tok, items, "naive", replace(S, reading="letter"))
     assert len(store) == 3, "another reading, another entry"
     with pytest.raises(ValueError, match="kind='debate' is not allowed"):
-        debate.cached_judge(cache, model, tok, items, "debate", S)
+        debate_runs.cached_judge(cache, model, tok, items, "debate", S)

@@ -4,7 +4,7 @@ per debater and per side fitted as the authors fit it (debate_sim.ratings), and 
 claims with intervals over draws of the arguments, then questions.
 
 One-round arguments do not depend on the opponent, so a draw samples `best_of` candidates per side and story once
-(debate.cached_protocol, in cached pieces of CHUNK stories) and rates each by the judge's P(own answer) in both
+(debate_runs.cached_protocol, in cached pieces of CHUNK stories) and rates each by the judge's P(own answer) in both
 orders; the best-of-k debater, k = 1, 2, 4, ..., best_of, keeps the judge-preferred one of the first k candidates
 (debate.pick). Debaters of different k share samples, so a draw costs one generation pass, the candidates' rating
 and the tournament's verdicts, each distinct pair of arguments judged once."""
@@ -17,7 +17,7 @@ import pandas as pd
 
 from replication.core import config, fmt, stats
 from replication.lm import arms
-from . import debate, debate_sim
+from . import debate, debate_runs, debate_sim
 from .debate_eval import arm_record, hits
 
 CHUNK = 50  # stories per cached piece of a pool and of its tournament: an interrupted run resumes from the last piece
@@ -57,12 +57,12 @@ def merge(outs: list) -> dict:
     return out
 
 
-def pool(cache, model, tok, items, kind: str, setting: debate.Setting, seed: int, chunk: int = CHUNK) -> dict:
+def pool(cache, model, tok, items, kind: str, setting: debate_runs.Setting, seed: int, chunk: int = CHUNK) -> dict:
     """One draw's candidates for every story: a one-round best-of-`setting.best_of` run_protocol
-    (debate.cached_protocol, every candidate rated and kept) in pieces of `chunk` stories, piece c argued with
+    (debate_runs.cached_protocol, every candidate rated and kept) in pieces of `chunk` stories, piece c argued with
     sampling seed piece_seed(seed, c); merged."""
     one_round = replace(setting, rounds=1)
-    return merge([debate.cached_protocol(cache, model, tok, items[a:b], kind, one_round, piece_seed(seed, c))
+    return merge([debate_runs.cached_protocol(cache, model, tok, items[a:b], kind, one_round, piece_seed(seed, c))
                   for c, (a, b) in enumerate(pieces(len(items), chunk))])
 
 
@@ -83,7 +83,7 @@ def picked_words(out: dict, k: int) -> list:
     return [a["words_each"][debate.pick(a, k)] for a in out["arguments"]]
 
 
-def cross_play(cache, model, tok, out: dict, ks, setting: debate.Setting, chunk: int = CHUNK) -> dict:
+def cross_play(cache, model, tok, out: dict, ks, setting: debate_runs.Setting, chunk: int = CHUNK) -> dict:
     """Every pair of debaters on every story of a debate pool: debater a (best-of-ks[a]) argues the correct
     answer, debater b the distractor, self-play included (a = b). The judge reads each distinct pair of arguments
     once, in both orders (debate.judge: `setting`'s model, batch and reading), in cached pieces of `chunk`

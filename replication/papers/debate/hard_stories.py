@@ -1,13 +1,13 @@
 """Debate on hard stories (notebook 04, section (d)): stories whose distractor appears in the story itself, as in
 the paper's QuALITY-HARD split, where a judge who reads the story is helped less. For one story level: the naive and
-expert judges (debate.cached_judge), one-round debaters of several strengths (best-of-k, any k up to the largest,
+expert judges (debate_runs.cached_judge), one-round debaters of several strengths (best-of-k, any k up to the largest,
 from one pool of sampled arguments per draw: crossplay.pool), their cross-play tournament (crossplay.cross_play),
 the accuracy of debate against the naive and the expert judge, and the tournament's statistics over draws
 (crossplay.over_draws). Debate only: the consultancy rows stay with the notebook's main level."""
 from dataclasses import replace
 
 from replication.core import config, stats
-from . import crossplay, debate, debate_eval
+from . import crossplay, debate_eval, debate_runs
 from .params import check_strengths
 
 PAIRS = {"debate - naive": ("debate", "naive"), "expert - debate": ("expert", "debate"),
@@ -15,7 +15,7 @@ PAIRS = {"debate - naive": ("debate", "naive"), "expert - debate": ("expert", "d
 TOURNAMENT = ("gap_mean", "gap_slope", "accuracy_slope")
 
 
-def study(cache, model, tok, items, ks, draws, seed: int, setting: debate.Setting) -> dict:
+def study(cache, model, tok, items, ks, draws, seed: int, setting: debate_runs.Setting) -> dict:
     """Everything section (d) shows for one story level. setting: the main level's (its best_of is replaced by
     max(ks)); draws: the arguments' sampling seeds. Returns the
     judgments by protocol (naive, expert: one each; debate at the strongest k and at best-of-1: one per draw),
@@ -24,7 +24,7 @@ def study(cache, model, tok, items, ks, draws, seed: int, setting: debate.Settin
     ks = check_strengths(ks)
     top, best_of = len(ks) - 1, ks[-1]
     setting = replace(setting, best_of=best_of)
-    judgments = {k: debate.cached_judge(cache, model, tok, items, k, setting) for k in ("naive", "expert")}
+    judgments = {k: debate_runs.cached_judge(cache, model, tok, items, k, setting) for k in ("naive", "expert")}
     pools = [crossplay.pool(cache, model, tok, items, "debate", setting, s) for s in draws]
     plays = [crossplay.cross_play(cache, model, tok, p, ks, setting) for p in pools]
     judgments.update({"debate": [crossplay.cell(p, top, top) for p in plays],
