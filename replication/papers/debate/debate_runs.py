@@ -46,22 +46,21 @@ def cached_protocol(cache, model, tok, items, kind: str, setting: Setting, seed:
     everything that determines the transcripts (the stories by their ids and content digest, `setting`, the
     sampling seed); the result also holds the seconds it took to make."""
     S = setting
-    model_name, rounds, word_limit, best_of = S.model_name, S.rounds, S.word_limit, S.best_of
-    temperature, batch_size, open_quote, reading = S.temperature, S.batch_size, S.open_quote, S.reading
     digest = hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
-    key = {"kind": kind, "ids": [it["id"] for it in items], "stories": digest, "rounds": rounds, "word_limit": word_limit,
-           "best_of": best_of, "temperature": temperature, "seed": seed, "batch_size": batch_size, "model": model_name,
-           "open_quote": open_quote,
+    key = {"kind": kind, "ids": [it["id"] for it in items], "stories": digest, "rounds": S.rounds,
+           "word_limit": S.word_limit, "best_of": S.best_of, "temperature": S.temperature, "seed": seed,
+           "batch_size": S.batch_size, "model": S.model_name, "open_quote": S.open_quote,
            "candidates": "generate(repeats=best_of): one prefill per prompt; every candidate's score and orders kept"}
-    if best_of > 1:  # how candidates are rated (best-of-1 transcripts do not depend on it)
+    if S.best_of > 1:  # how candidates are rated (best-of-1 transcripts do not depend on it)
         key["preference"] = {"score": "P(own answer), mean of both orders", "placeholder": debate.PLACEHOLDER,
-                             "reading": reading, "lead": debate.LEAD, "context": debate.ANSWER_CONTEXT if reading == "likelihood" else None}
+                             "reading": S.reading, "lead": debate.LEAD,
+                             "context": debate.ANSWER_CONTEXT if S.reading == "likelihood" else None}
 
     def make():
         t0 = time.perf_counter()
-        out = debate.run_protocol(model, tok, items, kind, rounds=rounds, word_limit=word_limit, best_of=best_of,
-                           temperature=temperature, seed=seed, batch_size=batch_size, open_quote=open_quote,
-                           reading=reading)
+        out = debate.run_protocol(model, tok, items, kind, rounds=S.rounds, word_limit=S.word_limit,
+                                  best_of=S.best_of, temperature=S.temperature, seed=seed, batch_size=S.batch_size,
+                                  open_quote=S.open_quote, reading=S.reading)
         return {**out, "seconds": time.perf_counter() - t0}
 
-    return cache(f"{kind}-bo{best_of}", key, make)
+    return cache(f"{kind}-bo{S.best_of}", key, make)
