@@ -223,3 +223,43 @@ def test_tournament_on_a_tiny_model(tiny):
     assert table["N"].tolist() == ks and np.isfinite(table["aggregate Elo"]).all()
     records = crossplay.ladder_records([play], [deb], ks, [0])
     assert list(records) == [f"debate-best-of-{k} (self-play)" for k in ks] and all(r[0]["healthy"] for r in records.values())
+
+
+def test_pool_pieces_made_side_by_side_equal_those_made_here_at_one_thread(tmp_path):
+    """crossplay.pools with workers=2 makes the pieces not in the cache in worker processes (one thread each), then
+    reads every piece here: the same arguments as pools made here at one thread, and reading them is not reuse."""
+    import functools
+
+    import torch
+
+    from replication.core import cache, phases
+    from replication.lm import models
+
+    model, tok = models.tiny_model(seed=0)
+    model.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    items = stories.make_stories(3)
+    S = debate_runs.Setting(model_name=str(tmp_path / "ckpt"), word_limit=5, best_of=2, temperature=0.7,
+                            batch_size=4)
+    here, tok_here = models.load_model(str(tmp_path / "ckpt"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = tmp_path / "one"
+        made_here = crossplay.pools(functools.partial(cache.cached, one), one, here, tok_here, items,
+                                    ("debate", "consultancy"), S, [0, 1], chunk=2)
+    finally:
+        torch.set_num_threads(before)
+    two = tmp_path / "two"
+    phases.reset()
+    made_there = crossplay.pools(functools.partial(cache.cached, two), two, here, tok_here, items,
+                                 ("debate", "consultancy"), S, [0, 1], workers=2, chunk=2)
+    assert phases.reused_profile()["entries"] == 0, "made by this call's workers: not counted as reuse"
+    for k in ("debate", "consultancy"):
+        for a, b in zip(made_here[k], made_there[k]):
+            assert a["transcripts"] == b["transcripts"] and a["arguments"] == b["arguments"]
+    assert made_there["debate"][0]["transcripts"] != made_there["debate"][1]["transcripts"], "draws differ"
+    assert len(list(two.glob("*-bo2-*"))) == 8   # 2 kinds x 2 draws x 2 pieces, each its own entry
+    again = crossplay.pools(functools.partial(cache.cached, two), two, here, tok_here, items, ("debate",), S,
+                            [0], workers=2, chunk=2)
+    assert again["debate"][0]["transcripts"] == made_there["debate"][0]["transcripts"]

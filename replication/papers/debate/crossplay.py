@@ -8,6 +8,7 @@ One-round arguments do not depend on the opponent, so a draw samples `best_of` c
 orders; the best-of-k debater, k = 1, 2, 4, ..., best_of, keeps the judge-preferred one of the first k candidates
 (debate.pick). Debaters of different k share samples, so a draw costs one generation pass, the candidates' rating
 and the tournament's verdicts, each distinct pair of arguments judged once."""
+import functools
 import hashlib
 import json
 from dataclasses import replace
@@ -15,8 +16,8 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from replication.core import config, fmt, stats
-from replication.lm import arms
+from replication.core import cache, config, fmt, stats
+from replication.lm import arms, models, parallel
 from . import debate, debate_runs, debate_sim
 from .debate_eval import arm_record, hits
 
@@ -64,6 +65,37 @@ def pool(cache, model, tok, items, kind: str, setting: debate_runs.Setting, seed
     one_round = replace(setting, rounds=1)
     return merge([debate_runs.cached_protocol(cache, model, tok, items[a:b], kind, one_round, piece_seed(seed, c))
                   for c, (a, b) in enumerate(pieces(len(items), chunk))])
+
+
+def piece_in_worker(model_name: str, folder, **job) -> None:
+    """One piece of a pool (debate_runs.cached_protocol) on a freshly loaded model into the cache `folder` (a
+    worker of pools)."""
+    model, tok = models.load_model(model_name)
+    debate_runs.cached_protocol(functools.partial(cache.cached, folder), model, tok, **job)
+
+
+def pools(cached, folder, model, tok, items, kinds, setting: debate_runs.Setting, draws, workers: int = 1,
+          chunk: int = CHUNK) -> dict:
+    """{kind: [pool(...) for each draw]}: every kind's pool in every draw (the arguments' sampling seeds), the same
+    pieces as pool makes. With workers > 1 the pieces not yet in the cache `folder` are first made side by side,
+    each in its own process at one thread (parallel.made_then_read); then every piece is read here in order."""
+    one_round, spans = replace(setting, rounds=1), pieces(len(items), chunk)
+    ids = [(k, s, c) for k in kinds for s in draws for c in range(len(spans))]
+
+    def job(i):
+        k, s, c = i
+        return dict(items=items[spans[c][0]:spans[c][1]], kind=k, setting=one_round, seed=piece_seed(s, c))
+
+    def pending(i):
+        name, key = debate_runs.cached_protocol(lambda n, k, make: (n, k), None, None, **job(i))
+        return None if cache.intact(folder, name, key) else dict(model_name=setting.model_name, folder=folder,
+                                                                  **job(i))
+
+    got, _ = parallel.made_then_read(ids, pending, piece_in_worker,
+                                     lambda i: debate_runs.cached_protocol(cached, model, tok, **job(i)), workers,
+                                     "argument pieces")
+    by = dict(zip(ids, got))
+    return {k: [merge([by[k, s, c] for c in range(len(spans))]) for s in draws] for k in kinds}
 
 
 def _turns(out: dict) -> dict:

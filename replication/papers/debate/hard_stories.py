@@ -15,9 +15,10 @@ PAIRS = {"debate - naive": ("debate", "naive"), "expert - debate": ("expert", "d
 TOURNAMENT = ("gap_mean", "gap_slope", "accuracy_slope")
 
 
-def study(cache, model, tok, items, ks, draws, seed: int, setting: debate_runs.Setting) -> dict:
+def study(cache, model, tok, items, ks, draws, seed: int, setting: debate_runs.Setting, folder=None,
+          workers: int = 1) -> dict:
     """Everything section (d) shows for one story level. setting: the main level's (its best_of is replaced by
-    max(ks)); draws: the arguments' sampling seeds. Returns the
+    max(ks)); draws: the arguments' sampling seeds; folder and workers: crossplay.pools'. Returns the
     judgments by protocol (naive, expert: one each; debate at the strongest k and at best-of-1: one per draw),
     their accuracies, expert - naive (paired bootstrap over stories), the paired differences of PAIRS over draws
     then stories, the tournament's per-draw table (crossplay.debater_table) and statistics, and the records."""
@@ -25,7 +26,7 @@ def study(cache, model, tok, items, ks, draws, seed: int, setting: debate_runs.S
     top, best_of = len(ks) - 1, ks[-1]
     setting = replace(setting, best_of=best_of)
     judgments = {k: debate_runs.cached_judge(cache, model, tok, items, k, setting) for k in ("naive", "expert")}
-    pools = [crossplay.pool(cache, model, tok, items, "debate", setting, s) for s in draws]
+    pools = crossplay.pools(cache, folder, model, tok, items, ["debate"], setting, draws, workers)["debate"]
     plays = [crossplay.cross_play(cache, model, tok, p, ks, setting) for p in pools]
     judgments.update({"debate": [crossplay.cell(p, top, top) for p in plays],
                       "debate (best-of-1)": [crossplay.cell(p, 0, 0) for p in plays]})

@@ -46,6 +46,7 @@ class Debate(LM):
     judge_noises: list = p(each={"low": 0.0, "high": 10.0})
     hard_level: Optional[str] = p(choices=LEVELS)   # section (d); None: no section
     hard_strengths: list = p()
+    workers: int = p()
 
     def check(self):
         if self.rounds != 1:
