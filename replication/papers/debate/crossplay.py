@@ -61,10 +61,8 @@ def merge(outs: list) -> dict:
 def pool(cache, model, tok, items, kind: str, setting: debate_runs.Setting, seed: int, chunk: int = CHUNK) -> dict:
     """One draw's candidates for every story: a one-round best-of-`setting.best_of` run_protocol
     (debate_runs.cached_protocol, every candidate rated and kept) in pieces of `chunk` stories, piece c argued with
-    sampling seed piece_seed(seed, c); merged."""
-    one_round = replace(setting, rounds=1)
-    return merge([debate_runs.cached_protocol(cache, model, tok, items[a:b], kind, one_round, piece_seed(seed, c))
-                  for c, (a, b) in enumerate(pieces(len(items), chunk))])
+    sampling seed piece_seed(seed, c); merged. Made here, one piece after another (pools with one worker)."""
+    return pools(cache, None, model, tok, items, [kind], setting, [seed], 1, chunk)[kind][0]
 
 
 def piece_in_worker(model_name: str, folder, **job) -> None:
@@ -76,8 +74,8 @@ def piece_in_worker(model_name: str, folder, **job) -> None:
 
 def pools(cached, folder, model, tok, items, kinds, setting: debate_runs.Setting, draws, workers: int = 1,
           chunk: int = CHUNK) -> dict:
-    """{kind: [pool(...) for each draw]}: every kind's pool in every draw (the arguments' sampling seeds), the same
-    pieces as pool makes. With workers > 1 the pieces not yet in the cache `folder` are first made side by side,
+    """{kind: [one draw's pool for each draw]}: every kind's candidates in every draw (the arguments' sampling
+    seeds), in the pieces `pool` describes. With workers > 1 the pieces not yet in the cache `folder` are first made side by side,
     each in its own process at one thread (parallel.made_then_read); then every piece is read here in order."""
     one_round, spans = replace(setting, rounds=1), pieces(len(items), chunk)
     ids = [(k, s, c) for k in kinds for s in draws for c in range(len(spans))]
