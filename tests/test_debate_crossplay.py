@@ -263,3 +263,47 @@ def test_pool_pieces_made_side_by_side_equal_those_made_here_at_one_thread(tmp_p
     again = crossplay.pools(functools.partial(cache.cached, two), two, here, tok_here, items, ("debate",), S,
                             [0], workers=2, chunk=2)
     assert again["debate"][0]["transcripts"] == made_there["debate"][0]["transcripts"]
+
+
+def test_tournament_pieces_judged_side_by_side_equal_those_judged_here_at_one_thread(tmp_path):
+    """crossplay.plays with workers=2 judges the tournament's pieces not in the cache in worker processes (one thread
+    each), then reads every piece here: the same verdicts as cross_play at one thread, under the same cache keys,
+    and reading them is not reuse."""
+    import functools
+
+    import torch
+
+    from replication.core import cache, phases
+    from replication.lm import models
+
+    model, tok = models.tiny_model(seed=0)
+    model.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    items = stories.make_stories(3)
+    S = debate_runs.Setting(model_name=str(tmp_path / "ckpt"), word_limit=5, best_of=4, temperature=0.7,
+                            batch_size=4)
+    here, tok_here = models.load_model(str(tmp_path / "ckpt"))
+    ks = crossplay.ladder(4)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = tmp_path / "one"
+        outs = crossplay.pools(functools.partial(cache.cached, one), one, here, tok_here, items, ("debate",), S,
+                               [0, 1], chunk=2)["debate"]
+        judged_here = [crossplay.cross_play(functools.partial(cache.cached, one), here, tok_here, o, ks, S, chunk=2)
+                       for o in outs]
+    finally:
+        torch.set_num_threads(before)
+    two = tmp_path / "two"
+    phases.reset()
+    judged_there = crossplay.plays(functools.partial(cache.cached, two), two, here, tok_here, outs, ks, S,
+                                   workers=2, chunk=2)
+    assert phases.reused_profile()["entries"] == 0, "judged by this call's workers: not counted as reuse"
+    for a, b in zip(judged_here, judged_there):
+        assert np.array_equal(a["first"], b["first"]) and np.array_equal(a["second"], b["second"])
+        assert a["pairs_judged"] == b["pairs_judged"] and a["ks"] == b["ks"]
+    assert sorted(p.name for p in one.glob("crossplay-*")) == sorted(p.name for p in two.glob("crossplay-*"))
+    assert len(list(two.glob("crossplay-*"))) == 4   # 2 draws x 2 pieces, each its own entry
+    phases.reset()
+    again = crossplay.plays(functools.partial(cache.cached, two), two, here, tok_here, outs, ks, S, workers=2, chunk=2)
+    assert phases.reused_profile()["entries"] == 4 and np.array_equal(again[1]["first"], judged_there[1]["first"])

@@ -7,7 +7,8 @@ One-round arguments do not depend on the opponent, so a draw samples `best_of` c
 (debate_runs.cached_protocol, in cached pieces of CHUNK stories) and rates each by the judge's P(own answer) in both
 orders; the best-of-k debater, k = 1, 2, 4, ..., best_of, keeps the judge-preferred one of the first k candidates
 (debate.pick). Debaters of different k share samples, so a draw costs one generation pass, the candidates' rating
-and the tournament's verdicts, each distinct pair of arguments judged once."""
+and the tournament's verdicts, each distinct pair of arguments judged once. With workers > 1 the pools' pieces
+(pools) and the tournaments' judged pieces (plays) are made side by side, each in its own process at one thread."""
 import functools
 import hashlib
 import json
@@ -113,32 +114,80 @@ def picked_words(out: dict, k: int) -> list:
     return [a["words_each"][debate.pick(a, k)] for a in out["arguments"]]
 
 
+def _judged_piece(cache, model, tok, items, trs, setting: debate_runs.Setting) -> dict:
+    """The judge's P(correct) in each order for one piece of distinct debates (items[i] with transcript trs[i]),
+    through cache(name, key, make), keyed by what the judge reads (the stories' ids and the arguments) and how it
+    reads them (`setting`'s model and reading; its batch)."""
+    model_name, batch_size, reading = setting.model_name, setting.batch_size, setting.reading
+    digest = hashlib.sha256(json.dumps([[it["id"] for it in items], trs]).encode()).hexdigest()[:16]
+    key = {"judged": digest, "n": len(items), "model": model_name, "reading": reading, "lead": debate.LEAD,
+           "context": debate.ANSWER_CONTEXT["debate"] if reading == "likelihood" else debate.JUDGE_INTRO}
+    return cache("crossplay", key, lambda: {k: np.asarray(v).tolist() for k, v in debate.judge(
+        model, tok, items, "debate", trs, batch_size, reading).items() if k in ("p_correct_first", "p_correct_second")})
+
+
+def judge_in_worker(model_name: str, folder, **job) -> None:
+    """One judged piece of a tournament (_judged_piece) on a freshly loaded model into the cache `folder` (a
+    worker of plays)."""
+    model, tok = models.load_model(model_name)
+    _judged_piece(functools.partial(cache.cached, folder), model, tok, **job)
+
+
+def _distinct_pairs(out: dict, idx: np.ndarray, a: int, b: int):
+    """The distinct (story, correct-side candidate, distractor-side candidate) of stories a..b-1 over every pair of
+    debaters (idx: picks), sorted, with their items and one-round transcripts."""
+    turns, m = _turns(out), idx.shape[2]
+    pairs = sorted({(q, int(idx[q, 0, x]), int(idx[q, 1, y])) for q in range(a, b) for x in range(m) for y in range(m)})
+    items = [out["items"][q] for q, _, _ in pairs]
+    trs = [[[turns[q, 0]["options"][i], turns[q, 1]["options"][j]]] for q, i, j in pairs]
+    return pairs, items, trs
+
+
+def plays(cached, folder, model, tok, outs: list, ks, setting: debate_runs.Setting, workers: int = 1,
+          chunk: int = CHUNK) -> list:
+    """cross_play of each debate pool in `outs` (one per draw). The judge reads each draw's distinct pairs of
+    arguments in cached pieces of `chunk` stories; with workers > 1 the pieces not yet in the cache `folder` are
+    first judged side by side, each in its own process at one thread (parallel.made_then_read), then every piece
+    is read here in order."""
+    m, idxs = len(ks), [picks(out, ks) for out in outs]
+    spans = [pieces(len(idx), chunk) for idx in idxs]
+    ids = [(d, c) for d in range(len(outs)) for c in range(len(spans[d]))]
+    found = {i: _distinct_pairs(outs[i[0]], idxs[i[0]], *spans[i[0]][i[1]]) for i in ids}
+
+    def job(i):
+        return dict(items=found[i][1], trs=found[i][2], setting=setting)
+
+    def pending(i):
+        name, key = _judged_piece(lambda n, k, make: (n, k), None, None, **job(i))
+        return None if cache.intact(folder, name, key) else dict(model_name=setting.model_name, folder=folder,
+                                                                  **job(i))
+
+    got, _ = parallel.made_then_read(ids, pending, judge_in_worker,
+                                     lambda i: _judged_piece(cached, model, tok, **job(i)), workers, "judged pieces")
+    by, out = dict(zip(ids, got)), []
+    for d, idx in enumerate(idxs):
+        first, second, judged = np.empty((len(idx), m, m)), np.empty((len(idx), m, m)), 0
+        for c, (a, b) in enumerate(spans[d]):
+            pairs, j = found[d, c][0], by[d, c]
+            where = {p: n for n, p in enumerate(pairs)}
+            for q in range(a, b):
+                for x in range(m):
+                    for y in range(m):
+                        n = where[q, int(idx[q, 0, x]), int(idx[q, 1, y])]
+                        first[q, x, y], second[q, x, y] = j["p_correct_first"][n], j["p_correct_second"][n]
+            judged += len(pairs)
+        out.append({"ks": list(ks), "first": first, "second": second, "pairs_judged": judged})
+    return out
+
+
 def cross_play(cache, model, tok, out: dict, ks, setting: debate_runs.Setting, chunk: int = CHUNK) -> dict:
     """Every pair of debaters on every story of a debate pool: debater a (best-of-ks[a]) argues the correct
     answer, debater b the distractor, self-play included (a = b). The judge reads each distinct pair of arguments
     once, in both orders (debate.judge: `setting`'s model, batch and reading), in cached pieces of `chunk`
     stories keyed by what it reads. Returns
-    P(correct) with the correct answer's debater first and second, arrays (stories, a, b), and the pairs judged."""
-    model_name, batch_size, reading = setting.model_name, setting.batch_size, setting.reading
-    idx, turns, m = picks(out, ks), _turns(out), len(ks)
-    first, second, judged = np.empty((len(idx), m, m)), np.empty((len(idx), m, m)), 0
-    for a, b in pieces(len(idx), chunk):
-        pairs = sorted({(q, int(idx[q, 0, x]), int(idx[q, 1, y])) for q in range(a, b) for x in range(m) for y in range(m)})
-        items = [out["items"][q] for q, _, _ in pairs]
-        trs = [[[turns[q, 0]["options"][i], turns[q, 1]["options"][j]]] for q, i, j in pairs]
-        digest = hashlib.sha256(json.dumps([[it["id"] for it in items], trs]).encode()).hexdigest()[:16]
-        key = {"judged": digest, "n": len(pairs), "model": model_name, "reading": reading, "lead": debate.LEAD,
-               "context": debate.ANSWER_CONTEXT["debate"] if reading == "likelihood" else debate.JUDGE_INTRO}
-        j = cache("crossplay", key, lambda: {k: np.asarray(v).tolist() for k, v in debate.judge(
-            model, tok, items, "debate", trs, batch_size, reading).items() if k in ("p_correct_first", "p_correct_second")})
-        where = {p: n for n, p in enumerate(pairs)}
-        for q in range(a, b):
-            for x in range(m):
-                for y in range(m):
-                    n = where[q, int(idx[q, 0, x]), int(idx[q, 1, y])]
-                    first[q, x, y], second[q, x, y] = j["p_correct_first"][n], j["p_correct_second"][n]
-        judged += len(pairs)
-    return {"ks": list(ks), "first": first, "second": second, "pairs_judged": judged}
+    P(correct) with the correct answer's debater first and second, arrays (stories, a, b), and the pairs judged.
+    Judged here, one piece after another (plays with one worker)."""
+    return plays(cache, None, model, tok, [out], ks, setting, 1, chunk)[0]
 
 
 def consultants(out: dict, ks) -> dict:

@@ -1,7 +1,7 @@
 """Debate on hard stories (notebook 04, section (d)): stories whose distractor appears in the story itself, as in
 the paper's QuALITY-HARD split, where a judge who reads the story is helped less. For one story level: the naive and
 expert judges (debate_runs.cached_judge), one-round debaters of several strengths (best-of-k, any k up to the largest,
-from one pool of sampled arguments per draw: crossplay.pool), their cross-play tournament (crossplay.cross_play),
+from one pool of sampled arguments per draw: crossplay.pools), their cross-play tournament (crossplay.plays),
 the accuracy of debate against the naive and the expert judge, and the tournament's statistics over draws
 (crossplay.over_draws). Debate only: the consultancy rows stay with the notebook's main level."""
 from dataclasses import replace
@@ -18,7 +18,7 @@ TOURNAMENT = ("gap_mean", "gap_slope", "accuracy_slope")
 def study(cache, model, tok, items, ks, draws, seed: int, setting: debate_runs.Setting, folder=None,
           workers: int = 1) -> dict:
     """Everything section (d) shows for one story level. setting: the main level's (its best_of is replaced by
-    max(ks)); draws: the arguments' sampling seeds; folder and workers: crossplay.pools'. Returns the
+    max(ks)); draws: the arguments' sampling seeds; folder and workers: crossplay.pools' and crossplay.plays'. Returns the
     judgments by protocol (naive, expert: one each; debate at the strongest k and at best-of-1: one per draw),
     their accuracies, expert - naive (paired bootstrap over stories), the paired differences of PAIRS over draws
     then stories, the tournament's per-draw table (crossplay.debater_table) and statistics, and the records."""
@@ -27,7 +27,7 @@ def study(cache, model, tok, items, ks, draws, seed: int, setting: debate_runs.S
     setting = replace(setting, best_of=best_of)
     judgments = {k: debate_runs.cached_judge(cache, model, tok, items, k, setting) for k in ("naive", "expert")}
     pools = crossplay.pools(cache, folder, model, tok, items, ["debate"], setting, draws, workers)["debate"]
-    plays = [crossplay.cross_play(cache, model, tok, p, ks, setting) for p in pools]
+    plays = crossplay.plays(cache, folder, model, tok, pools, ks, setting, workers)
     judgments.update({"debate": [crossplay.cell(p, top, top) for p in plays],
                       "debate (best-of-1)": [crossplay.cell(p, 0, 0) for p in plays]})
     words = {"debate": [crossplay.picked_words(p, best_of) for p in pools],
