@@ -614,21 +614,22 @@ def test_an_arm_takes_the_roles_it_shares_with_another_arm_and_trains_the_rest(t
     sets_a = ({r: [(p, c) for p, c, _ in PAIRS] for r in malt.ROLES}, {r: PAIRS for r in malt.ROLES})
     sets_b = ({**sets_a[0], "generator": [(p, r) for p, _, r in PAIRS]}, {**sets_a[1], "generator": PAIRS[::-1]})
     val = ({r: [] for r in malt.ROLES}, {r: [] for r in malt.ROLES})
-    assert malt_training.same_data_roles(sets_a, val, sets_b, val) == ["verifier", "refiner"]
+    assert malt_training.same_data_roles((sets_a, val), (sets_b, val)) == ["verifier", "refiner"]
 
     def cached(name, key, make):
         return cache.cached(tmp_path, name, key, make)
 
-    a = malt_training.train_arm(cached, {"k": 1}, "a", model, tok, init, sets_a, val, cfg, cfg)
+    recipe = malt_training.Recipe(cfg, cfg)
+    a = malt_training.train_arm(cached, {"k": 1}, "a", model, tok, init, (sets_a, val), recipe)
     calls = []
     real = malt_training.train_role
     try:
         malt_training.train_role = lambda m, t, role, *args, **kw: calls.append(role) or real(m, t, role, *args, **kw)
-        b = malt_training.train_arm(cached, {"k": 1}, "b", model, tok, init, sets_b, val, cfg, cfg, reuse=(a, sets_a, val))
+        b = malt_training.train_arm(cached, {"k": 1}, "b", model, tok, init, (sets_b, val), recipe, reuse=(a, (sets_a, val)))
     finally:
         malt_training.train_role = real
     assert b["reused"] == ["verifier", "refiner"] and calls == ["generator", "generator"]   # its SFT, then its DPO
-    fresh = malt_training.train_arm(cached, {"k": 1}, "b-fresh", model, tok, init, sets_b, val, cfg, cfg)
+    fresh = malt_training.train_arm(cached, {"k": 1}, "b-fresh", model, tok, init, (sets_b, val), recipe)
     for stage in ("sft", "dpo"):
         for r in malt.ROLES:
             assert all(torch.equal(b[stage]["weights"][r][k], fresh[stage]["weights"][r][k]) for k in fresh[stage]["weights"][r])
@@ -700,3 +701,13 @@ def test_notebook_05s_keys_come_from_its_parameters_and_each_holds_what_it_depen
         moved = malt_runs.keys(params.build("05_malt_trajectory_trees", {**cell, name: value}), worked)
         assert tuple(int(a != b) for a, b in zip(base, moved)) == changed, name
     assert malt_runs.keys(params.build("05_malt_trajectory_trees", {**cell, "seed": 1}), worked)[0]["data_seed"] == 1
+
+
+def test_the_recipe_is_built_from_the_notebooks_parameters_with_each_stage_seeded_by_the_training_seed():
+    from types import SimpleNamespace
+
+    P = SimpleNamespace(sft_lr=2e-4, sft_epochs=3, dpo_lr=5e-5, dpo_epochs=2, dpo_beta=0.2, reference="base")
+    r = malt_training.recipe(P, 7)
+    assert (r.sft.lr, r.sft.epochs, r.sft.batch_size, r.sft.seed) == (2e-4, 3, 8, config.derive_seed(7, "sft"))
+    assert (r.dpo.lr, r.dpo.epochs, r.dpo.dpo_beta, r.dpo.seed) == (5e-5, 2, 0.2, config.derive_seed(7, "dpo"))
+    assert r.reference == "base" and malt_training.recipe(P, 8).sft.seed != r.sft.seed

@@ -75,7 +75,7 @@ def test_the_control_arm_trains_the_generator_only(tmp_path):
     own = control.control_sets(tree, tree, sets["global"], 4, 4, seed=0)
     cfg = dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=4, dpo_beta=0.1, seed=0)
     arm = malt_training.train_arm(lambda name, key, make: cache.cached(tmp_path, name, key, make), {"k": 1}, "single",
-                                  model, tok, init, own["sets"], own["validation"], cfg, cfg)
+                                  model, tok, init, (own["sets"], own["validation"]), malt_training.Recipe(cfg, cfg))
     moved = {r: any(not torch.equal(init[r][k], arm["dpo"]["weights"][r][k]) for k in init[r]) for r in malt.ROLES}
     assert moved == {"generator": True, "verifier": False, "refiner": False}
     assert len(arm["logs"]["generator"]["sft"]) == 1 and arm["logs"]["verifier"] == {"sft": [], "dpo": []}

@@ -90,8 +90,8 @@ def _alone(sets: tuple) -> tuple:
 
 
 def _control(jobs: dict) -> dict:
-    return {s: dict(key={**j["key"], "labels": "own answer"}, name="single", init=j["init"], sets=_alone(j["sets"]["global"]),
-                    validation=_alone(j["validation"]["global"]), sft_cfg=j["sft_cfg"], dpo_cfg=j["dpo_cfg"])
+    return {s: dict(key={**j["key"], "labels": "own answer"}, name="single", init=j["init"],
+                    data=(_alone(j["sets"]["global"]), _alone(j["validation"]["global"])), recipe=j["recipe"])
             for s, j in jobs.items()}
 
 
@@ -108,8 +108,9 @@ def test_trees_and_arms_side_by_side_equal_those_made_here_at_one_thread(tmp_pat
     def seeds(m):
         init = {r: malt_training.adapter_state(m, r) for r in malt.ROLES}
         return {s: dict(key={"seed": s}, init=malt_training.seed_init(init, s), sets=_sets(s - 3), validation=_sets(1),
-                        sft_cfg=dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, seed=s),
-                        dpo_cfg=dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, dpo_beta=0.5, seed=s + 10))
+                        recipe=malt_training.Recipe(
+                            dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, seed=s),
+                            dpo.PreferenceConfig(lr=1e-2, epochs=1, batch_size=2, dpo_beta=0.5, seed=s + 10)))
                 for s in (3, 4)}
 
     here, tok_here = _fresh(tmp_path / "ckpt")

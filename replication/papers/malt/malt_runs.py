@@ -54,16 +54,16 @@ def trees(cached, folder, model, tok, problems, keys: dict, workers: int = 1, mo
     return dict(zip(keys, parallel.made_then_read(keys, pending, trees_in_worker, read, workers, "trees")[0]))
 
 
-def seed_arms(cached, model, tok, key: dict, init: dict, sets: dict, validation: dict, sft_cfg, dpo_cfg,
-              reference: str = "sft") -> dict:
+def seed_arms(cached, model, tok, key: dict, init: dict, sets: dict, validation: dict,
+              recipe: malt_training.Recipe) -> dict:
     """{pooling: malt_training.train_arm(...)} for one training seed: each pooling's arm from the seed's initial
-    adapters `init`, on its sets and validation ({pooling: ...}); a later arm takes the roles it trains on the same
-    data as the first arm from that arm."""
+    adapters `init`, on its sets and validation ({pooling: ...}), as `recipe` says; a later arm takes the roles it
+    trains on the same data as the first arm from that arm."""
     out, first = {}, malt.POOLINGS[0]
     for p in malt.POOLINGS:
-        reuse = (out[first], sets[first], validation[first]) if out else None
-        out[p] = malt_training.train_arm(cached, key, p, model, tok, init, sets[p], validation[p], sft_cfg, dpo_cfg,
-                                         reference, reuse=reuse)
+        reuse = (out[first], (sets[first], validation[first])) if out else None
+        out[p] = malt_training.train_arm(cached, key, p, model, tok, init, (sets[p], validation[p]), recipe,
+                                         reuse=reuse)
     return out
 
 
@@ -101,7 +101,7 @@ def single_in_worker(model_name: str, lora_r: int, folder, **kw) -> None:
 def single_arms(cached, folder, model, tok, calls: dict, workers: int = 1, model_name: str = None,
                 lora_r: int = 16) -> dict:
     """{seed: malt_training.train_arm(cached, model=model, tok=tok, **calls[seed])} in order: the single-agent control's
-    arm of each seed (a call: key, name, init, sets, validation, sft_cfg, dpo_cfg, reference). With workers > 1 the
+    arm of each seed (a call: key, name, init, data, recipe). With workers > 1 the
     seeds whose DPO stage is not in the cache `folder` first train side by side (chains' docstring); the model ends
     with the last seed's weights."""
     def pending(s):

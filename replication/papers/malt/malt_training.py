@@ -1,11 +1,35 @@
 """MALT's training: one LoRA adapter per role on the shared base model, each seed's initial adapters, and SFT then
 DPO on the SFT policy per role (an arm), each stage made once through the run's cache (the data: malt)."""
+from dataclasses import dataclass
+
 from replication.core import config, store
 from replication.lm import dpo, models
 
 from .malt import ROLES
 
 REFERENCES = ("sft", "base")
+BATCH = 8   # examples (SFT) or pairs (DPO) per update, every stage and role
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How every role of an arm trains: SFT with `sft`, then DPO with `dpo` whose reference is the SFT policy
+    ('sft') or the base model ('base')."""
+    sft: dpo.PreferenceConfig
+    dpo: dpo.PreferenceConfig
+    reference: str = "sft"
+
+
+def recipe(params, seed: int) -> Recipe:
+    """Notebook 05's recipe for training seed `seed` from its parameters (run.params): SFT at sft_lr for
+    sft_epochs, DPO at dpo_lr for dpo_epochs with dpo_beta, batches of BATCH, each stage's draws seeded from
+    (seed, stage)."""
+    P = params
+    return Recipe(dpo.PreferenceConfig(lr=P.sft_lr, epochs=P.sft_epochs, batch_size=BATCH,
+                                       seed=config.derive_seed(seed, "sft")),
+                  dpo.PreferenceConfig(lr=P.dpo_lr, epochs=P.dpo_epochs, batch_size=BATCH, dpo_beta=P.dpo_beta,
+                                       seed=config.derive_seed(seed, "dpo")),
+                  P.reference)
 
 
 def add_role_adapters(model, r: int = 16, alpha: int = 32):
@@ -100,31 +124,32 @@ def stage_summary(logs: dict) -> dict:
     return out
 
 
-def same_data_roles(sets_a: tuple, val_a: tuple, sets_b: tuple, val_b: tuple) -> list:
-    """Roles with the same SFT examples, pairs and validation sets in two arms: from the same initial adapters,
-    the same training (each role is an adapter of its own; local and global pooling agree on verifier and refiner)."""
-    return [r for r in ROLES if all(a[k][r] == b[k][r] for a, b in ((sets_a, sets_b), (val_a, val_b)) for k in (0, 1))]
+def same_data_roles(data_a: tuple, data_b: tuple) -> list:
+    """Roles with the same SFT examples, pairs and validation sets in two arms' data ((sets, validation), each
+    (role -> SFT examples, role -> pairs)): from the same initial adapters, the same training (each role is an
+    adapter of its own; local and global pooling agree on verifier and refiner)."""
+    return [r for r in ROLES if all(a[k][r] == b[k][r] for a, b in zip(data_a, data_b) for k in (0, 1))]
 
 
-def train_arm(cache, key: dict, name: str, model, tok, init: dict, sets: tuple, validation: tuple, sft_cfg, dpo_cfg,
-              reference: str = "sft", after_sft=None, reuse=None) -> dict:
-    """One MALT arm from the initial adapters `init` (role -> state): SFT, then DPO on the SFT policy, every role,
-    each stage made once through cache(name, key, make) (run.cached's signature). sets and validation are
+def train_arm(cache, key: dict, name: str, model, tok, init: dict, data: tuple, recipe: Recipe, after_sft=None,
+              reuse=None) -> dict:
+    """One MALT arm from the initial adapters `init` (role -> state): SFT, then DPO, every role, as `recipe` says,
+    each stage made once through cache(name, key, make) (run.cached's signature). data = (sets, validation), each
     (role -> SFT examples, role -> pairs). after_sft(), if given, runs with the SFT weights loaded (e.g. their
-    evaluation). `reuse` = (another arm's result from the same init, its sets, its validation): roles trained on
-    the same data there (same_data_roles) are taken from it. Returns {"sft": stage, "dpo": stage, "logs": role ->
+    evaluation). `reuse` = (another arm's result from the same init, its data): roles trained on the same data
+    there (same_data_roles) are taken from it. Returns {"sft": stage, "dpo": stage, "logs": role ->
     {"sft": rows, "dpo": rows}, "reused": roles}; the model ends with the arm's final (DPO) weights."""
     load_stage(model, {"weights": init})
-    k = {**key, "arm": name}
-    roles = same_data_roles(sets, validation, *reuse[1:]) if reuse else []
+    k, (sets, validation), R = {**key, "arm": name}, data, recipe
+    roles = same_data_roles(data, reuse[1]) if reuse else []
     done = {s: {part: {r: reuse[0][s][part][r] for r in roles} for part in ("weights", "logs")} for s in ("sft", "dpo")}
-    sft_out = cache(f"sft-{name}", k, lambda: train_stage(model, tok, *sets, sft_cfg, dpo_cfg, reference, "sft", validation,
-                                                          done["sft"]))
+    sft_out = cache(f"sft-{name}", k, lambda: train_stage(model, tok, *sets, R.sft, R.dpo, R.reference, "sft",
+                                                          validation, done["sft"]))
     load_stage(model, sft_out)
     if after_sft is not None:
         after_sft()
-    dpo_out = cache(f"dpo-{name}", k, lambda: train_stage(model, tok, *sets, sft_cfg, dpo_cfg, reference, "dpo", validation,
-                                                          done["dpo"]))
+    dpo_out = cache(f"dpo-{name}", k, lambda: train_stage(model, tok, *sets, R.sft, R.dpo, R.reference, "dpo",
+                                                          validation, done["dpo"]))
     load_stage(model, dpo_out)
     return {"sft": sft_out, "dpo": dpo_out, "reused": roles,
             "logs": {r: {"sft": sft_out["logs"][r]["sft"], "dpo": dpo_out["logs"][r]["dpo"]} for r in ROLES}}
