@@ -7,7 +7,7 @@ import pytest
 
 from replication.run import settings  # noqa: F401  (registers the notebooks' parameter classes)
 from replication.core import config, params
-from replication.papers.debate import crossplay, debate, debate_runs, hard_stories, stories
+from replication.papers.debate import crossplay, debate, debate_eval, debate_runs, hard_stories, stories
 
 STEM = "04_debate_judge_accuracy"
 
@@ -86,3 +86,25 @@ def test_the_naive_and_expert_verdicts_are_cached_as_judged(tiny):
     assert len(store) == 3, "another reading, another entry"
     with pytest.raises(ValueError, match="kind='debate' is not allowed"):
         debate_runs.cached_judge(cache, model, tok, items, "debate", S)
+
+
+def test_the_expert_check_grid_judges_each_level_reading_and_kind_once_through_the_cache(tiny):
+    """debate_eval.expert_check: one cached judging per (level, reading, kind), the verdicts debate.judge's; a
+    second grid reads them all back and judges nothing."""
+    model, tok = tiny
+    levels = {lv: stories.make_stories(3, seed=2, level=lv) for lv in ("absent", "present")}
+    store, made = {}, []
+
+    def cache(name, key, make):
+        if (name, str(key)) not in store:
+            made.append(name)
+            store[(name, str(key))] = make()
+        return store[(name, str(key))]
+
+    S = debate_runs.Setting(model_name="tiny", word_limit=5, best_of=2, temperature=0.7, batch_size=4)
+    table, out = debate_eval.expert_check(cache, model, tok, levels, S, ("likelihood", "letter"), seed=0)
+    assert len(made) == 8 and list(table.index) == [(lv, rd) for lv in levels for rd in ("likelihood", "letter")]
+    direct = debate.judge(model, tok, levels["present"], "expert", batch_size=4, reading="letter")
+    assert np.array_equal(out["present", "letter", "expert"]["p_correct"], direct["p_correct"])
+    again, _ = debate_eval.expert_check(cache, model, tok, levels, S, ("likelihood", "letter"), seed=0)
+    assert len(made) == 8 and again.equals(table)

@@ -27,7 +27,6 @@ TIMING_KEYS = (
     r"seconds",         # seconds by phase (04 debate/judging, 06 loop)
     r".+_seconds",      # seconds by part (02 part2_seconds)
     r"tokens/s",        # 00 generation throughput
-    r".+ s/question",   # 04: CPU seconds per judged question
     r"batched_speedup",  # 00: a ratio of two throughputs
     r"python",          # interpreter version (top level and 00's environment)
     r"package_version",

@@ -6,14 +6,15 @@ The arguments are sampled (temperature > 0), so an argued protocol's accuracy re
 is argued several times: each draw has its own sampling seed (the stories stay), and a protocol's judgments are
 then a list, one judge() output per draw. Accuracies and paired differences over draws have intervals over draws,
 then questions (stats.two_level_bootstrap, through arms.compare), each draw's value beside them."""
-import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from replication.core import config, fmt, paper, stats
 from replication.lm import arms
-from .debate import READINGS, judge
+from . import debate_runs
+from .debate import READINGS
 
 # the paired comparisons of the notebook: name -> (protocol a, protocol b), a minus b on the same questions
 PAIRS = {"debate - naive": ("debate", "naive"), "debate - consultancy": ("debate", "consultancy"),
@@ -160,21 +161,21 @@ def quote_table(args: pd.DataFrame) -> pd.DataFrame:
 
 
 # --- the precondition: does reading the story help this judge? -----------------------------------------------
-def expert_check(model, tok, stories: dict, readings=READINGS, seed: int = 0, batch_size: int = 16) -> tuple:
+def expert_check(cache, model, tok, stories: dict, setting, readings=READINGS, seed: int = 0) -> tuple:
     """Naive and expert judge on the same questions, for each story level (stories: level -> items) and each
-    reading: a table with both accuracies (95% Wilson intervals), the paired difference expert - naive
-    (stats.paired_bootstrap over questions), the judges' P(picks first) and CPU seconds per question; and the
+    reading, each judging made once through cache(name, key, make) (debate_runs.cached_judge, with `setting`'s
+    model and batch and the row's reading): a table with both accuracies (95% Wilson intervals), the paired
+    difference expert - naive (stats.paired_bootstrap over questions) and the judges' P(picks first); and the
     judgments by (level, reading, kind)."""
     rows, out = [], {}
     for level, items in stories.items():
         for reading in readings:
             row = {"level": level, "reading": reading, "n": len(items)}
             for kind in ("naive", "expert"):
-                t0 = time.process_time()
-                out[level, reading, kind] = j = judge(model, tok, items, kind, batch_size=batch_size, reading=reading)
+                out[level, reading, kind] = j = debate_runs.cached_judge(cache, model, tok, items, kind,
+                                                                         replace(setting, reading=reading))
                 a = accuracy(j["p_correct"])
-                row.update({kind: a["accuracy"], f"{kind}_ci": a["ci95"], f"{kind} P(picks first)": float(j["p_first"].mean()),
-                            f"{kind} cpu s/question": (time.process_time() - t0) / len(items)})
+                row.update({kind: a["accuracy"], f"{kind}_ci": a["ci95"], f"{kind} P(picks first)": float(j["p_first"].mean())})
             d = stats.paired_bootstrap(hits(out[level, reading, "expert"]["p_correct"]),
                                        hits(out[level, reading, "naive"]["p_correct"]),
                                        seed=config.derive_seed(seed, "bootstrap", f"expert-naive-{level}-{reading}"))
