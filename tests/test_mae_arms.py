@@ -147,6 +147,26 @@ def test_sft_trains_a_fresh_adapter_and_its_loss_falls():
         mae_sft.sft_config(lr=1e-2, epochs=0, seed=0)
 
 
+def test_the_sft_arm_of_a_training_seed_trains_its_adapter_and_answers_the_heldout_with_the_notebooks_settings():
+    """mae_sft.run_arm: the adapter sft_seed<seed> (rank params.lora_r) trained as mae_sft.train trains it, then the
+    held-out answers with params' reply length, batch and seed."""
+    from types import SimpleNamespace
+
+    from replication.papers.mae import mae_eval
+
+    problems, heldout = tasks.make_level("1d-1step-add", 8), tasks.make_level("1d-1step-add", 3, seed=5)
+    P = SimpleNamespace(lora_r=4, eval_tokens=6, batch_size=4, seed=3)
+    cfg = mae_sft.sft_config(lr=1e-2, epochs=1, seed=2, batch_size=4)
+    model, tok = models.tiny_model(seed=0)
+    out = mae_sft.run_arm(model, tok, P, cfg, problems, (), heldout)
+    assert "sft_seed2" in model.peft_config and model.peft_config["sft_seed2"].r == 4
+    again, tok2 = models.tiny_model(seed=0)
+    again, rows = mae_sft.train(again, tok2, "sft_seed2", problems, (), cfg, 4)
+    table = mae_eval.heldout_answers(again, tok2, heldout, (), 6, 4, 3)
+    assert [r["loss"] for r in out["rows"]] == [r["loss"] for r in rows]
+    assert out["table"] == table.to_dict("records") and len(out["table"]) == 3
+
+
 def test_sft_record_reads_the_loss_fall_as_its_health_signal():
     table = pd.DataFrame({"qid": ["a", "b", "c", "d"], "correct": [True, True, False, True], "format": [True] * 4,
                           "tokens": [12] * 4})

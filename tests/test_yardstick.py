@@ -130,12 +130,12 @@ def test_runs_side_by_side_equal_the_runs_made_here_at_one_thread(tmp_path):
     model.save_pretrained(tmp_path / "ckpt")
     tok.save_pretrained(tmp_path / "ckpt")
     train, heldout = tasks.split("1d-1step-add", 6, 3, seed=0)
-    common = dict(train=train, heldout=heldout, shots=(), prompts_per_step=2, eval_every=1, batch_size=4)
+    schedule = yardstick.Schedule(train, heldout, (), prompts_per_step=2, eval_every=1, batch_size=4)
 
     def runs(base, steps, seeds):
         return [dict(policy_seed=s, cfg=grpo.GRPOConfig(num_generations=2, max_new_tokens=4, lr=lr, kl_beta=0.0,
                                                         temperature=1.0, seed=s),
-                     steps=steps, folder=loop.RunFolder(base / f"lr{lr:g}-s{s}"), **common) for lr, s in seeds]
+                     steps=steps, folder=loop.RunFolder(base / f"lr{lr:g}-s{s}"), schedule=schedule) for lr, s in seeds]
 
     def untimed(rows):
         return json.dumps([{k: v for k, v in r.items() if not k.endswith("_s")} for r in rows])
@@ -175,3 +175,15 @@ def test_runs_side_by_side_equal_the_runs_made_here_at_one_thread(tmp_path):
     assert phases.reused_profile()["entries"] == 2
     with pytest.raises(ValueError, match="workers=0"):
         yardstick.train_runs(ckpt, 4, [], workers=0)
+
+
+def test_the_grpo_config_is_built_from_the_notebooks_parameters_as_the_run_folders_key_names_it():
+    """yardstick.grpo_config: the notebook's group size, reply length, rollout temperature and dtype and seed, the
+    given rate, no KL term; its text (part of each run folder's key, seed_run) is that of the config written out."""
+    from types import SimpleNamespace
+
+    P = SimpleNamespace(group_size=8, step_tokens=32, rollout_temperature=0.7, rollout_dtype="auto", seed=0)
+    cfg = yardstick.grpo_config(P, 1e-4)
+    assert str(cfg) == str(grpo.GRPOConfig(num_generations=8, max_new_tokens=32, lr=1e-4, kl_beta=0.0,
+                                           temperature=0.7, rollout_dtype="auto", seed=0))
+    assert yardstick.seed_run({"seed": 0}, cfg, 2)[0].seed == 2

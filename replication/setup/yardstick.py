@@ -64,24 +64,49 @@ def heldout_row(model, tok, heldout, shots, max_new_tokens: int, batch_size: int
             "eval_correct": df["correct"].astype(int).tolist(), "eval_strict_correct": df["correct_strict"].astype(int).tolist()}
 
 
-def train_curve(model, tok, train, heldout, shots, cfg: grpo.GRPOConfig, steps: int, prompts_per_step: int,
-                eval_every: int, folder: loop.RunFolder = None, batch_size: int = 32, progress: bool = True) -> list:
-    """GRPO with the exact verifier for `steps` steps, `prompts_per_step` training problems a step (drawn with a
-    seed derived from cfg.seed and the step), held-out greedy answers after every `eval_every`-th step (and the
-    last). Resumable (loop.run); calling it again with more steps continues the same run. Returns the rows."""
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """What a yardstick run trains on and how often it is read, besides its GRPO config: the training and held-out
+    problems, the worked examples before each, the training problems drawn a step, the held-out answers after every
+    `eval_every`-th step, and their batch."""
+    train: list
+    heldout: list
+    shots: tuple
+    prompts_per_step: int
+    eval_every: int
+    batch_size: int = 32
+
+
+def grpo_config(params, lr: float) -> grpo.GRPOConfig:
+    """Notebook 00's GRPO config at learning rate `lr` from its parameters (run.params): group_size replies of at
+    most step_tokens at rollout_temperature, sampled in rollout_dtype, no KL term, seeded by the notebook's seed
+    (seed_run puts a training seed in its place)."""
+    P = params
+    return grpo.GRPOConfig(num_generations=P.group_size, max_new_tokens=P.step_tokens, lr=lr, kl_beta=0.0,
+                           temperature=P.rollout_temperature, rollout_dtype=P.rollout_dtype, seed=P.seed)
+
+
+def train_curve(model, tok, schedule: Schedule, cfg: grpo.GRPOConfig, steps: int, folder: loop.RunFolder = None,
+                progress: bool = True) -> list:
+    """GRPO with the exact verifier for `steps` steps, schedule.prompts_per_step training problems a step (drawn
+    with a seed derived from cfg.seed and the step), held-out greedy answers after every schedule.eval_every-th
+    step (and the last). Resumable (loop.run); calling it again with more steps continues the same run. Returns the
+    rows."""
+    S = schedule
     config.check_int("steps", steps)
-    config.check_int("eval_every", eval_every)
-    config.check_range("prompts_per_step", prompts_per_step, 1, len(train))
+    config.check_int("eval_every", S.eval_every)
+    config.check_range("prompts_per_step", S.prompts_per_step, 1, len(S.train))
     trainer = grpo.GRPOTrainer(model, tok, tasks.verifier_reward, cfg)
 
     def step_fn(step, state):
-        batch = random.Random(config.derive_seed(cfg.seed, "yardstick-draw", step)).sample(train, prompts_per_step)
-        row = trainer.step(prompts_for(batch, shots), [{"answer": p.answer} for p in batch], step=step)
-        if (step + 1) % eval_every == 0:
-            row.update(heldout_row(trainer.model, tok, heldout, shots, cfg.max_new_tokens, batch_size, cfg.seed))
+        batch = random.Random(config.derive_seed(cfg.seed, "yardstick-draw", step)).sample(S.train, S.prompts_per_step)
+        row = trainer.step(prompts_for(batch, S.shots), [{"answer": p.answer} for p in batch], step=step)
+        if (step + 1) % S.eval_every == 0:
+            row.update(heldout_row(trainer.model, tok, S.heldout, S.shots, cfg.max_new_tokens, S.batch_size, cfg.seed))
         return row
 
-    rows, _ = loop.run(step_fn, steps, model, trainer.optimizer, folder, save_every=eval_every, desc=f"grpo lr {cfg.lr:g}",
+    rows, _ = loop.run(step_fn, steps, model, trainer.optimizer, folder, save_every=S.eval_every,
+                       desc=f"grpo lr {cfg.lr:g}",
                        postfix=lambda r: {"reward": f"{r['reward_mean']:.2f}", "held-out": f"{r.get('eval_accuracy', float('nan')):.2f}"},
                        progress=progress)
     return rows
@@ -214,10 +239,10 @@ def finished(folder: loop.RunFolder, steps: int) -> bool:
 
 
 def train_runs(model_name: str, lora_r: int, runs, workers: int = 1) -> list:
-    """train_curve for each of `runs` (dicts: policy_seed, folder and train_curve's other arguments but the model
-    and tokenizer) on a fresh policy (fresh_policy(model_name, lora_r, policy_seed)), in order: their rows. With
-    workers > 1 the runs not finished in their folders first train side by side, each in its own process at one
-    thread (parallel.run_jobs); each is then read back here from its folder (not counted as reuse). A run's rows
+    """train_curve for each of `runs` (dicts: policy_seed and train_curve's arguments but the model and tokenizer:
+    schedule, cfg, steps, folder) on a fresh policy (fresh_policy(model_name, lora_r, policy_seed)), in order:
+    their rows. With workers > 1 the runs not finished in their folders first train side by side, each in its own
+    process at one thread (parallel.run_jobs); each is then read back here from its folder (not counted as reuse). A run's rows
     do not depend on where it trained but for the rounding of one thread: fresh_policy seeds its adapter and the
     training draws and samples from cfg.seed."""
     runs = list(runs)

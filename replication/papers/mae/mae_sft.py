@@ -53,10 +53,12 @@ def record(name: str, rows, table: pd.DataFrame, base: pd.DataFrame, n_examples:
                        final_loss=float(np.mean([r["loss"] for r in rows[-max(1, len(rows) // 3):]])) if rows else None)
 
 
-def run_arm(model, tok, name: str, problems, shots, cfg: dpo.PreferenceConfig, lora_r: int, heldout, max_new_tokens: int,
-            batch_size: int = 16, seed: int = 0) -> dict:
-    """Train the SFT arm (train) and answer the held-out problems with it (mae_eval.heldout_answers, greedy, the
-    solver's prompt): {"rows": the trainer's rows, "table": the held-out answers as records}, what a notebook caches."""
-    model, rows = train(model, tok, name, problems, shots, cfg, lora_r)
-    table = mae_eval.heldout_answers(model, tok, heldout, shots, max_new_tokens, batch_size, seed)
+def run_arm(model, tok, params, cfg: dpo.PreferenceConfig, problems, shots, heldout) -> dict:
+    """The SFT arm of training seed cfg.seed: a fresh adapter `sft_seed<seed>` of rank params.lora_r trained on the
+    seed questions (train), then its greedy answers to the held-out problems (mae_eval.heldout_answers: the solver's
+    prompt, params.eval_tokens, params.batch_size, seeded by params.seed; params: notebook 06's run.params).
+    Returns {"rows": the trainer's rows, "table": the held-out answers as records}, what a notebook caches."""
+    P = params
+    model, rows = train(model, tok, f"sft_seed{cfg.seed}", problems, shots, cfg, P.lora_r)
+    table = mae_eval.heldout_answers(model, tok, heldout, shots, P.eval_tokens, P.batch_size, P.seed)
     return {"rows": rows, "table": table.to_dict("records")}
