@@ -113,6 +113,8 @@ def test_bad_requests(book, capsys):
     assert "profile='fast' is not allowed" in capsys.readouterr().err
     assert runner.main(["--only", "07", "--notebooks", str(book)]) == 1
     assert "--only '07' names no notebook" in capsys.readouterr().err
+    assert runner.main(["--only", "01", "07", "--notebooks", str(book)]) == 1   # space-separated: read as 01,07
+    assert capsys.readouterr().err.startswith("error: --only '07' names no notebook")
     for bad in (["--only="], ["--only", ""], ["--only", "9"], ["--only", "01,,"], ["--only", ","], ["--only", "1st"]):
         assert runner.main([*bad, "--notebooks", str(book)]) == 1, bad
         err = capsys.readouterr().err

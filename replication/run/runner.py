@@ -29,7 +29,7 @@ def select(only, folder: Path = NOTEBOOKS) -> list:
     stems = list_notebooks(folder)
     if only is None:
         return stems
-    allowed = f"give notebook numbers or stems separated by commas, e.g. --only 00,03 (notebooks: {', '.join(s[:2] for s in stems)})"
+    allowed = f"give notebook numbers or stems separated by commas or spaces, e.g. --only 00,03 (notebooks: {', '.join(s[:2] for s in stems)})"
     wanted = [str(w).strip() for w in (only.split(",") if isinstance(only, str) else only)]
     if not wanted or "" in wanted:
         raise RunError(f"--only {only!r} is not allowed: it has an empty name; {allowed}")
@@ -310,7 +310,8 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m replication run", description="Execute the workbook's notebooks.")
     ap.add_argument("--profile", default="default", help="smoke | default | gpu | paper (default: default)")
-    ap.add_argument("--only", default=None, help="comma-separated notebook numbers or stems, e.g. 00,01")
+    ap.add_argument("--only", nargs="+", default=None, metavar="NOTEBOOKS",
+                    help="notebook numbers or stems, comma- or space-separated, e.g. 00,01 or 00 01")
     ap.add_argument("--set", action="append", metavar="NAME=VALUE",
                     help="one-off parameter override (value read as JSON, else a string), e.g. --set steps=100; "
                          "outputs go to runs/<profile>-set-<hash>/")
@@ -325,7 +326,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         checkout(args.notebooks)
-        run(args.profile, args.only, args.force, folder=Path(args.notebooks), report=not args.no_report,
+        run(args.profile, None if args.only is None else ",".join(args.only), args.force, folder=Path(args.notebooks), report=not args.no_report,
             overrides=parse_sets(args.set), jobs=args.jobs, retrain=args.retrain)
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
