@@ -73,3 +73,51 @@ def test_every_relative_link_resolves(page):
 def test_front_pages_carry_no_dated_run_history(page):
     dated = [line for line in page.read_text().splitlines() if re.search(r"\b20\d\d-\d\d-\d\d\b", line)]
     assert not dated, dated[:3]
+
+
+def _page_rows(page: Path):
+    """The hand-written claim table of a paper page ('From `figures/metrics/<stem>.json`' then a table): its stem
+    and its numbered rows (#, verdict, measured), parts (9a) and rows of other tables left out."""
+    text = page.read_text()
+    m = re.search(r"From `figures/metrics/(\d\d_\w+)\.json`", text)
+    if not m:
+        return None, []
+    rows, started = [], False
+    for line in text[m.end():].splitlines():
+        if line.startswith("| # |"):
+            started = True
+            continue
+        if started and not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if started and cells[0].isdigit():
+            rows.append((int(cells[0]), cells[2], cells[3]))
+    return m.group(1), rows
+
+
+def _numbers(text: str) -> list:
+    """Each number of an interval's text, '%' read as hundredths, with the rounding its printed digits allow."""
+    out = []
+    for num, pct in re.findall(r"([+-]?\d+(?:\.\d+)?)(%?)", text):
+        digits = len(num.split(".")[1]) if "." in num else 0
+        scale = 100 if pct else 1
+        out.append((float(num) / scale, 0.51 * 10 ** -digits / scale))
+    return out
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if _page_rows(p)[0]], ids=lambda p: p.parent.name)
+def test_a_pages_hand_written_claim_table_reads_as_its_committed_metrics(page):
+    """Each numbered row of a paper page's claim table has its claim's verdict (in the metrics' order) and, where
+    it prints an interval, the claim's interval to the digits printed: a re-run whose numbers moved fails here until
+    the page is rewritten."""
+    stem, rows = _page_rows(page)
+    claims = json.loads((ROOT / f"figures/metrics/{stem}.json").read_text())["claims"]
+    assert len(rows) == len(claims), f"{page}: {len(rows)} rows, {len(claims)} claims in {stem}"
+    for (k, verdict, measured), c in zip(rows, claims):
+        assert verdict.rstrip("*").split(" (")[0] == c["verdict"], (page.parent.name, k, verdict, c["verdict"])
+        bracket = re.search(r"\[([^\]]+)\]", measured)
+        if bracket and c.get("interval") and "inf" not in bracket.group(1):
+            ends = _numbers(bracket.group(1))
+            assert len(ends) == 2, (page.parent.name, k, measured)
+            for (printed, tol), true in zip(ends, c["interval"]):
+                assert abs(printed - true) <= tol + 1e-9, (page.parent.name, k, measured, c["interval"])
