@@ -470,3 +470,17 @@ def test_jobs_run_notebooks_side_by_side_at_one_thread_each(tmp_path, runs):
     assert (runs / "default/state/01_first.json").is_file() and (runs / "default/state/02_second.json").is_file()
     with pytest.raises(ValueError, match="jobs=0 is not allowed"):
         runner.run("default", folder=folder, report=False, log=lambda *_: None, jobs=0)
+
+
+def test_the_runner_names_the_notebooks_the_store_holds_nothing_of(tmp_path):
+    """store_gaps: the selected notebooks without a manifest entry are named (made now), with the --only that reads
+    only the store; nothing when the store holds something of each."""
+    from replication.core import files, store
+
+    root = tmp_path / "store"
+    root.mkdir()
+    files.write_json(store.manifest_path(root, "01_first"), {"notebook": "01_first", "entries": {"k": {}}})
+    line = runner.store_gaps(["01_first", "02_second", "03_third"], root)
+    assert line.startswith("the store holds nothing of 02, 03: made now") and "`--only 01` reads only the store" in line
+    assert runner.store_gaps(["01_first"], root) == ""
+    assert "--only" not in runner.store_gaps(["02_second"], root)

@@ -271,8 +271,11 @@ def run(profile: str = "default", only=None, force: bool = False, folder: Path =
         raise RunError("--retrain of some of the selected notebooks cannot run with --jobs > 1 (the kernels share "
                        "one environment); retrain them in a run of their own, or give --jobs 1")
     if profile == "default" and again != set(stems):
-        log(store.first_line(store.active() or store.default_root())
-            if os.environ.get(store.ENV) != "off" else "results store: off (REPLICATION_STORE=off)")
+        reading = os.environ.get(store.ENV) != "off"
+        root = store.active() or store.default_root()
+        log(store.first_line(root) if reading else "results store: off (REPLICATION_STORE=off)")
+        if reading and (gap := store_gaps([s for s in stems if s not in again], root)):
+            log(gap)
     if profile in NEEDS_GPU and not (profile == "gpu" and (overrides or {}).get("device") == "cpu") and not gpu_available():
         raise RunError(paper_refusal(stems, folder) if profile == "paper" else
                        "--profile gpu needs a GPU (none is visible to torch here): its sizes take hours on a CPU; to run "
@@ -302,6 +305,17 @@ def checkout(folder) -> None:
     if not Path(folder).is_dir():
         raise ValueError(f"no notebooks at {folder}: this copy of replication is installed apart from its clone "
                          f"(a non-editable `pip install .`); in the clone run `pip install -e .` (as make does)")
+
+
+def store_gaps(stems, root) -> str:
+    """A line naming the notebooks of `stems` of which the store at `root` holds nothing (they are made now, which
+    takes CPU hours for a training notebook), and how to read only the store; "" when it holds something of each."""
+    empty = [s for s in stems if not store.manifest(root, s)["entries"]]
+    if not empty:
+        return ""
+    held = [s[:2] for s in stems if s not in empty]
+    return (f"the store holds nothing of {', '.join(s[:2] for s in empty)}: made now (hours on 2 cores: README)"
+            + (f"; `--only {','.join(held)}` reads only the store" if held else ""))
 
 
 def main(argv=None) -> int:
