@@ -225,6 +225,19 @@ def test_tournament_on_a_tiny_model(tiny):
     assert list(records) == [f"debate-best-of-{k} (self-play)" for k in ks] and all(r[0]["healthy"] for r in records.values())
 
 
+def _saved_tiny(tmp_path, best_of: int) -> tuple:
+    """Three stories, a Setting naming the tiny model saved as a checkpoint (what a worker loads), and that
+    checkpoint loaded here."""
+    from replication.lm import models
+
+    model, tok = models.tiny_model(seed=0)
+    model.save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    S = debate_runs.Setting(model_name=str(tmp_path / "ckpt"), word_limit=5, best_of=best_of, temperature=0.7,
+                            batch_size=4)
+    return (stories.make_stories(3), S, *models.load_model(str(tmp_path / "ckpt")))
+
+
 def test_pool_pieces_made_side_by_side_equal_those_made_here_at_one_thread(tmp_path):
     """crossplay.pools with workers=2 makes the pieces not in the cache in worker processes (one thread each), then
     reads every piece here: the same arguments as pools made here at one thread, and reading them is not reuse."""
@@ -233,15 +246,8 @@ def test_pool_pieces_made_side_by_side_equal_those_made_here_at_one_thread(tmp_p
     import torch
 
     from replication.core import cache, phases
-    from replication.lm import models
 
-    model, tok = models.tiny_model(seed=0)
-    model.save_pretrained(tmp_path / "ckpt")
-    tok.save_pretrained(tmp_path / "ckpt")
-    items = stories.make_stories(3)
-    S = debate_runs.Setting(model_name=str(tmp_path / "ckpt"), word_limit=5, best_of=2, temperature=0.7,
-                            batch_size=4)
-    here, tok_here = models.load_model(str(tmp_path / "ckpt"))
+    items, S, here, tok_here = _saved_tiny(tmp_path, best_of=2)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -274,15 +280,8 @@ def test_tournament_pieces_judged_side_by_side_equal_those_judged_here_at_one_th
     import torch
 
     from replication.core import cache, phases
-    from replication.lm import models
 
-    model, tok = models.tiny_model(seed=0)
-    model.save_pretrained(tmp_path / "ckpt")
-    tok.save_pretrained(tmp_path / "ckpt")
-    items = stories.make_stories(3)
-    S = debate_runs.Setting(model_name=str(tmp_path / "ckpt"), word_limit=5, best_of=4, temperature=0.7,
-                            batch_size=4)
-    here, tok_here = models.load_model(str(tmp_path / "ckpt"))
+    items, S, here, tok_here = _saved_tiny(tmp_path, best_of=4)
     ks = crossplay.ladder(4)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
