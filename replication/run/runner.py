@@ -340,7 +340,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         checkout(args.notebooks)
-        run(args.profile, None if args.only is None else ",".join(args.only), args.force, folder=Path(args.notebooks), report=not args.no_report,
+        only = None if args.only is None else ",".join(args.only)   # 00 01 as 00,01
+        run(args.profile, only, args.force, folder=Path(args.notebooks), report=not args.no_report,
             overrides=parse_sets(args.set), jobs=args.jobs, retrain=args.retrain)
     except (RunError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -242,9 +242,9 @@ def train_runs(model_name: str, lora_r: int, runs, workers: int = 1) -> list:
     """train_curve for each of `runs` (dicts: policy_seed and train_curve's arguments but the model and tokenizer:
     schedule, cfg, steps, folder) on a fresh policy (fresh_policy(model_name, lora_r, policy_seed)), in order:
     their rows. With workers > 1 the runs not finished in their folders first train side by side, each in its own
-    process at one thread (parallel.run_jobs); each is then read back here from its folder (not counted as reuse). A run's rows
-    do not depend on where it trained but for the rounding of one thread: fresh_policy seeds its adapter and the
-    training draws and samples from cfg.seed."""
+    process at one thread (parallel.run_jobs); each is then read back here from its folder (not counted as reuse).
+    A run's rows do not depend on where it trained but for the rounding of one thread: fresh_policy seeds its
+    adapter and the training draws and samples from cfg.seed."""
     runs = list(runs)
 
     def pending(i):
