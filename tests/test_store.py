@@ -184,6 +184,31 @@ def test_fingerprint_ignores_docstrings_and_comments_but_not_statements():
     assert a == b != c
 
 
+def test_a_new_notebooks_parameters_leave_the_other_fingerprints_alone(tmp_path, monkeypatch):
+    """A new paper folder with its params.py (an eighth notebook) moves no stored notebook's fingerprint; a change to
+    a notebook's own parameter module moves its fingerprint."""
+    import shutil
+
+    from replication.core import config
+
+    shutil.copytree(config.ROOT / "replication", tmp_path / "replication",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.md"))
+    monkeypatch.setattr(config, "ROOT", tmp_path)
+    nb = "01_noise_analysis"
+    before = store_update.fingerprint(nb)
+    toy = tmp_path / "replication" / "papers" / "toy"
+    toy.mkdir()
+    (toy / "__init__.py").write_text("")
+    (toy / "params.py").write_text('from dataclasses import dataclass\n\n'
+                                   'from replication.core.params import Params, notebook, p\n\n\n'
+                                   '@notebook("07_toy_vote")\n@dataclass\nclass ToyVote(Params):\n'
+                                   '    votes: int = p()\n')
+    assert store_update.fingerprint(nb) == before
+    own = tmp_path / "replication" / "papers" / "elo_evolve" / "params.py"
+    own.write_text(own.read_text() + "\nEXTRA = 1\n")
+    assert store_update.fingerprint(nb) != before
+
+
 def test_every_stored_notebook_matches_its_code_or_its_version_was_bumped():
     """A producer's code changed and its version did not: bump store.VERSIONS (its entries are remade) or, when the
     change changes no result, `python -m replication store accept NN`."""

@@ -135,10 +135,17 @@ def fingerprint(notebook: str, folder: Path = None) -> str:
         tree = ast.parse(src.read_text())
         parts.append(mod + "\n" + _normalised(tree))
         todo.extend(_imports(tree, mod, src.name == "__init__.py"))
-        if mod == "replication.run.settings":   # it imports the parameter modules it finds (params.py files), not by name
-            todo.extend(".".join(p.relative_to(config.ROOT).with_suffix("").parts)
-                        for p in (config.ROOT / "replication").rglob("params.py"))
+        if mod == "replication.run.settings":   # it imports the parameter modules it finds, not by name
+            todo.extend(_params_modules(notebook))
     return files.digest(*sorted(parts))
+
+
+def _params_modules(notebook: str) -> list:
+    """The parameter modules (params.py files) that register `notebook`'s parameter class (`@notebook("<stem>")`):
+    only these reach its entries, so a new notebook's folder leaves the other notebooks' fingerprints alone."""
+    return [".".join(p.relative_to(config.ROOT).with_suffix("").parts)
+            for p in sorted((config.ROOT / "replication").rglob("params.py"))
+            if f'notebook("{notebook}")' in p.read_text()]
 
 
 def _module_file(mod: str):
