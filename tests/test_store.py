@@ -196,7 +196,7 @@ def test_a_new_notebooks_parameters_leave_the_other_fingerprints_alone(tmp_path,
     monkeypatch.setattr(config, "ROOT", tmp_path)
     nb = "01_noise_analysis"
     before = store_update.fingerprint(nb)
-    toy = tmp_path / "replication" / "papers" / "toy"
+    toy = tmp_path / "replication" / "papers" / "a_new_paper"
     toy.mkdir()
     (toy / "__init__.py").write_text("")
     (toy / "params.py").write_text('from dataclasses import dataclass\n\n'
