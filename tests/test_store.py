@@ -196,12 +196,12 @@ def test_a_new_notebooks_parameters_leave_the_other_fingerprints_alone(tmp_path,
     monkeypatch.setattr(config, "ROOT", tmp_path)
     nb = "01_noise_analysis"
     before = store_update.fingerprint(nb)
-    toy = tmp_path / "replication" / "papers" / "a_new_paper"
-    toy.mkdir()
-    (toy / "__init__.py").write_text("")
-    (toy / "params.py").write_text('from dataclasses import dataclass\n\n'
+    folder = tmp_path / "replication" / "papers" / "a_new_paper"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "params.py").write_text('from dataclasses import dataclass\n\n'
                                    'from replication.core.params import Params, notebook, p\n\n\n'
-                                   '@notebook("07_toy_vote")\n@dataclass\nclass ToyVote(Params):\n'
+                                   '@notebook("99_a_new_paper")\n@dataclass\nclass NewPaper(Params):\n'
                                    '    votes: int = p()\n')
     assert store_update.fingerprint(nb) == before
     own = tmp_path / "replication" / "papers" / "elo_evolve" / "params.py"
