@@ -128,6 +128,34 @@ def test_long_cells_are_cut_with_the_full_text_one_click_away():
     assert "inconclusive (one run); failed health check: rlvr seed 1 (learned)" in full
 
 
+def test_a_failed_health_check_is_counted_per_arm_in_the_table_and_listed_in_full_in_ledger_md():
+    health = ("failed health check: point seed 0 (learned, accuracy_ok); point seed 1 (learned); point seed 2 "
+              "(accuracy_ok); static-mid seed 0 (learned); static-mid seed 2 (learned)")
+    row = claim_row("c", "inconclusive", [-0.1, 0.2], qualifier="1 of 3 seeds on the paper's side", health=health)
+    cell = report.table_cell(row, "verdict")
+    assert cell == ("inconclusive (1 of 3 seeds on the paper's side); "
+                    "failed health check: point 3 seeds, static-mid 2 seeds")
+    assert report.table_cell({**row, "health": "failed health check: a draw 1 (learned); b (learned)"},
+                             "verdict").endswith("failed health check: a 1 draw, b")
+    assert report.table_cell({**row, "health": None}, "verdict") == "inconclusive (1 of 3 seeds on the paper's side)"
+    assert health in report.ledger_md([row], "default")
+
+
+def test_the_committed_ledger_tables_cells_stay_short():
+    """figures/README.md's ledger table: the verdict, measured and why cells at most about 120 characters (their
+    full text is in ledger.md)."""
+    lines = (Path(__file__).parents[1] / "figures" / "README.md").read_text().splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| notebook | claim |"))
+    columns = [c.strip() for c in lines[head].strip("|").split("|")]
+    long = []
+    for line in lines[head + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = dict(zip(columns, (c.strip() for c in re.split(r"(?<!\\)\|", line.strip("|")))))
+        long += [(cells["notebook"], k, len(cells[k])) for k in ("verdict", "measured", "why") if len(cells[k]) > 120]
+    assert not long, long
+
+
 def test_ledger_rows_over_seeds_say_how_a_rerun_would_read():
     """The rerun cell is the projection of `python -m replication seeds` at the row's own number of seeds: a row whose
     seeds straddle the rule's edge reads two verdicts, one far from it one; a row of one run or without seeds '-'."""

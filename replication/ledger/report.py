@@ -5,7 +5,7 @@ from pathlib import Path
 from replication.core import files, phases
 from replication.core.config import NOTEBOOKS, Paths, list_notebooks
 from . import forest, seeds
-from .table import (LEDGER_COLUMNS, LONG_COLUMNS, SHORT, _cell, _md_cell, claim_anchor,  # noqa: F401
+from .table import (LEDGER_COLUMNS, LONG_COLUMNS, SHORT, _cell, _md_cell, claim_anchor, table_cell,  # noqa: F401
                     ledger_md, short)
 
 
@@ -123,7 +123,7 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
             png = next((x for x in f["files"] if x.endswith(".png")), f["files"][0])
             rows["figures"].append(f"| [{f['name']}]({png}) | {r['notebook']} | {_md_cell(f['caption'])} |")
         for c in (c for c in claims if c["notebook"] == stem):
-            cells = [_md_cell(short(_cell(c, k)) if k in LONG_COLUMNS else _cell(c, k)) for k in LEDGER_COLUMNS]
+            cells = [_md_cell(table_cell(c, k)) for k in LEDGER_COLUMNS]
             cells[1] = f"[{cells[1]}](ledger.md#{anchors[id(c)]})"
             rows["claims"].append("| " + " | ".join(cells) + " |")
         prof = r.get("phases_s") or {}

@@ -39,6 +39,32 @@ def _cell(claim: dict, key: str) -> str:
     return str(v)
 
 
+def health_short(health: str) -> str:
+    """A failed health check counted per arm for the ledger's table ('failed health check: point 3 seeds,
+    static-mid 2 seeds'); the seeds and checks in full are in ledger.md."""
+    items = health.split(": ", 1)[1].split("; ") if ": " in health else [health]
+    counts = {}
+    for item in items:
+        arm = item.split(" (", 1)[0]
+        for unit in (" seed ", " draw "):
+            arm, _, index = arm.partition(unit)
+            if index:
+                counts.setdefault(arm, [0, unit.strip()])[0] += 1
+                break
+        else:
+            counts.setdefault(arm, [0, None])
+    words = [arm if unit is None else f"{arm} {n} {unit}{'s' if n > 1 else ''}" for arm, (n, unit) in counts.items()]
+    return short("failed health check: " + ", ".join(words))
+
+
+def table_cell(claim: dict, key: str) -> str:
+    """A cell of the ledger's table: a long paragraph cut short, a failed health check counted per arm (health_short);
+    ledger.md has both in full."""
+    if key == "verdict" and claim.get("health"):
+        return f"{verdicts.label({**claim, 'health': None})}; {health_short(claim['health'])}"
+    return short(_cell(claim, key)) if key in LONG_COLUMNS else _cell(claim, key)
+
+
 def _md_cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
