@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from replication.ledger import glance
+from replication.ledger.table import grouped
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "replication/setup/README.md"] + [
@@ -107,11 +108,12 @@ def _numbers(text: str) -> list:
 
 @pytest.mark.parametrize("page", [p for p in PAGES if _page_rows(p)[0]], ids=lambda p: p.parent.name)
 def test_a_pages_hand_written_claim_table_reads_as_its_committed_metrics(page):
-    """Each numbered row of a paper page's claim table has its claim's verdict (in the metrics' order) and, where
+    """Each numbered row of a paper page's claim table has its claim's verdict (in the ledger's order) and, where
     it prints an interval, the claim's interval to the digits printed: a re-run whose numbers moved fails here until
     the page is rewritten."""
     stem, rows = _page_rows(page)
-    claims = json.loads((ROOT / f"figures/metrics/{stem}.json").read_text())["claims"]
+    recorded = json.loads((ROOT / f"figures/metrics/{stem}.json").read_text())["claims"]
+    claims = grouped([{"notebook": stem, **c} for c in recorded])
     assert len(rows) == len(claims), f"{page}: {len(rows)} rows, {len(claims)} claims in {stem}"
     for (k, verdict, measured), c in zip(rows, claims):
         assert verdict.rstrip("*").split(" (")[0] == c["verdict"], (page.parent.name, k, verdict, c["verdict"])

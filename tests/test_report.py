@@ -128,6 +128,22 @@ def test_long_cells_are_cut_with_the_full_text_one_click_away():
     assert "inconclusive (one run); failed health check: rlvr seed 1 (learned)" in full
 
 
+def test_rows_that_test_the_same_claim_stand_together_in_the_ledger():
+    """A claim tested by simulation and, later in the notebook, by the real model: the two rows side by side where the
+    first stood, every other row in its recorded order; another notebook's row of the same words stays apart."""
+    def row(nb, claim, evidence):
+        return {"notebook": nb, "claim": claim, "paper": "p", "measured": "m", "verdict": "reproduced",
+                "evidence": evidence, "interval": None, "n": None, "why": "w"}
+    recs = [{"notebook": "02_x", "claims": [row("02_x", "A", "simulation"), row("02_x", "B", "simulation"),
+                                            row("02_x", "C", "real model"), row("02_x", "a", "real model")]},
+            {"notebook": "04_y", "claims": [row("04_y", "A", "real model")]}]
+    claims = report.ledger(recs)
+    assert [(c["notebook"], c["claim"], c["evidence"]) for c in claims] == [
+        ("02_x", "A", "simulation"), ("02_x", "a", "real model"), ("02_x", "B", "simulation"),
+        ("02_x", "C", "real model"), ("04_y", "A", "real model")]
+    assert 'id="claim-02-1"></a>\n### 02. a' in report.ledger_md(claims, "default")
+
+
 def test_a_failed_health_check_is_counted_per_arm_in_the_table_and_listed_in_full_in_ledger_md():
     health = ("failed health check: point seed 0 (learned, accuracy_ok); point seed 1 (learned); point seed 2 "
               "(accuracy_ok); static-mid seed 0 (learned); static-mid seed 2 (learned)")

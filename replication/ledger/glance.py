@@ -15,6 +15,7 @@ from pathlib import Path
 
 from replication.core import config
 from replication.core.fmt import number
+from .table import grouped
 
 BEGIN = "<!-- results at a glance: made by `python -m replication glance` from figures/metrics; do not edit -->"
 END = "<!-- end of results at a glance -->"
@@ -121,7 +122,7 @@ def claims_table(stem: str, metrics: Path = None) -> str:
     on ('as above' where it repeats the row above), the verdict, the effect with its interval (else the measured
     value) and n."""
     metrics = Path(metrics or config.ROOT / "figures" / "metrics")
-    claims = json.loads((metrics / f"{stem}.json").read_text())["claims"]
+    claims = grouped([{"notebook": stem, **c} for c in json.loads((metrics / f"{stem}.json").read_text())["claims"]])
     first = sum(len(json.loads(p.read_text())["claims"]) for p in sorted(metrics.glob("*.json")) if p.stem < stem)
     lines = ["| # | claim | evidence | task; judge | verdict | measured: effect [95% interval] | n |",
              "|---|---|---|---|---|---|---|"]

@@ -5,8 +5,8 @@ from pathlib import Path
 from replication.core import files, phases
 from replication.core.config import NOTEBOOKS, Paths, list_notebooks
 from . import forest, seeds
-from .table import (LEDGER_COLUMNS, LONG_COLUMNS, SHORT, _cell, _md_cell, claim_anchor, table_cell,  # noqa: F401
-                    ledger_md, short)
+from .table import (LEDGER_COLUMNS, LONG_COLUMNS, SHORT, _cell, _md_cell, claim_anchor,  # noqa: F401
+                    grouped, ledger_md, short, table_cell)
 
 
 def records(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> list:
@@ -24,8 +24,8 @@ def records(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> list:
 
 
 def ledger(recs) -> list:
-    """All claims of all notebooks, each with its notebook."""
-    return [{"notebook": r["notebook"], **c} for r in recs for c in r.get("claims", [])]
+    """All claims of all notebooks, each with its notebook, in the ledger's order (table.grouped)."""
+    return grouped([{"notebook": r["notebook"], **c} for r in recs for c in r.get("claims", [])])
 
 
 def caveat(profile: str, name: str = None):
@@ -143,7 +143,10 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
     lines = [f"# Figures ({where})", "", *([f"> **{note}**", ""] if note else []),
              f"Written by `python -m replication run --profile {profile}`; do not edit by hand.", "",
              *forest_lines, "## Claims ledger", "",
-             "Long cells are cut short; click a claim for its full entry ([ledger.md](ledger.md)). `source`: whether "
+             "Rows that test the same claim by simulation and by the real model stand together (`evidence` tells "
+             "them apart). "
+             "Long cells are cut short, a failed health check counted per arm; click a claim for its full entry "
+             "([ledger.md](ledger.md)). `source`: whether "
              "a real-model claim's cached results were read from the committed results store (`results/default/`) "
              "or computed now (simulation and arithmetic rows are always computed now). " + seeds.RERUN_HELP, "",
              "| " + " | ".join(head) + " |",

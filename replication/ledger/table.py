@@ -11,6 +11,20 @@ LEDGER_COLUMNS = ("notebook", "claim", "task", "model", "judge", "paper", "measu
 SHORT = 90  # characters of a long cell shown in the ledger's table; the full text is one click away
 
 
+def grouped(claims: list) -> list:
+    """The claims in the ledger's order: each notebook's rows as recorded, except that the rows testing the same claim
+    (the same words, case aside: by simulation and by the real model, say) stand together where the first of them
+    stands. Its evidence column tells them apart."""
+    order, groups = [], {}
+    for c in claims:
+        key = (c.get("notebook"), c["claim"].lower())
+        if key not in groups:
+            order.append(key)
+            groups[key] = []
+        groups[key].append(c)
+    return [c for key in order for c in groups[key]]
+
+
 def short(text: str, limit: int = SHORT) -> str:
     """A long cell cut at a word before `limit` characters, with an ellipsis (unchanged when it fits)."""
     text = str(text)
