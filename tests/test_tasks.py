@@ -68,3 +68,10 @@ def test_verifier_edges():
     assert tasks.verify("so 12", 12) and not tasks.verify("so 12", 12, strict=True)
     assert tasks.verify("The answer is -4", -4)
     assert tasks.has_format("The answer is 3.") and not tasks.has_format("3")
+
+
+def test_every_level_has_words_a_reader_knows():
+    """The ledger's task column names a level in words (`2d-1step-add` reads 'two-digit sums'), one entry per level."""
+    assert set(tasks.LEVEL_WORDS) == set(tasks.LEVELS)
+    assert tasks.LEVEL_WORDS["2d-1step-add"] == "two-digit sums"
+    assert not any(re.search(r"\d", words) for words in tasks.LEVEL_WORDS.values())

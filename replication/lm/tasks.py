@@ -109,6 +109,11 @@ LEVELS = {
     "2d-2step-addsub": (2, 2, ("+", "-")),
     "1d-2step-mixed": (1, 2, ("+", "-", "*")),
 }
+# Each level in words a reader knows, for the ledger's task column.
+LEVEL_WORDS = {"1d-1step-add": "one-digit sums", "2d-1step-add": "two-digit sums",
+               "1d-2step-addsub": "one-digit two-step sums and differences",
+               "2d-2step-addsub": "two-digit two-step sums and differences",
+               "1d-2step-mixed": "one-digit two-step sums, differences and products"}
 
 
 def make_level(level: str, n: int, seed: int = 0) -> list:
