@@ -33,7 +33,29 @@ def test_glance_check_fails_when_a_committed_number_changes(tmp_path):
     claim["estimate"] += 0.01
     path.write_text(json.dumps(record))
     assert glance.table(metrics) != glance.table()
-    assert "+0.152" in glance.table(metrics)
+    assert f"{claim['estimate']:+.3f} [" in glance.table(metrics)   # the changed number, not a committed one
+
+
+def test_a_pages_table_shows_each_part_of_a_compound_claim_with_its_own_interval():
+    """02's Table 1 row is compound (static > point, Elo-Evolve > static): the page's generated table gives each part
+    a row of its own under the claim (13a, 13b), with its verdict and interval, as ledger.md does."""
+    table = glance.claims_table("02_elo_dynamics")
+    claims = json.loads((ROOT / "figures/metrics/02_elo_dynamics.json").read_text())["claims"]
+    compound = next(c for c in claims if c.get("parts") and "Table 1" in c["claim"])
+    rows = [line for line in table.splitlines() if "| part: " in line]
+    for name, part in compound["parts"].items():
+        row = next(r for r in rows if f"| part: {name} |" in r)
+        assert part["verdict"] in row and f"{part['interval'][0]:+.3f}" in row, row
+    number = next(line for line in table.splitlines() if f"| {compound['claim']} |" in line).split("|")[1].strip()
+    assert sum(r.split("|")[1].strip().startswith(number) for r in rows) == len(compound["parts"])
+
+
+def test_a_pages_table_gives_each_effect_in_the_papers_direction():
+    """A row whose paper expects a fall (direction -1) prints the fall as a positive effect, its interval flipped
+    and in order, as the page's header and the forest plot say."""
+    row = {"interval": [-0.11573, -0.01427], "estimate": -0.065, "direction": -1}
+    assert glance._measured(row) == "+0.065 [+0.014, +0.116]"
+    assert glance._measured({**row, "direction": 1}) == "-0.065 [-0.116, -0.014]"
 
 
 def test_a_headline_that_names_no_claim_stops_with_one_line(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from replication.core import config
+from replication.core import config, verdicts
 from replication.core.fmt import number
 from .table import grouped
 
@@ -98,9 +98,8 @@ def table(metrics: Path = None) -> str:
     for paper, stem, says, piece, page in HEADLINES:
         claims = read(stem)["claims"]
         c = _claim(claims, piece, stem)
-        lo, hi = c["interval"]
         verdict = c["verdict"] + (" (a failed health check)" if c.get("health") else "")
-        lines.append(f"| [{paper}]({page}) | `{stem[:2]}` | {says} | {verdict} | {_effect(c['estimate'], lo, hi)} | "
+        lines.append(f"| [{paper}]({page}) | `{stem[:2]}` | {says} | {verdict} | {_measured(c)} | "
                      f"{c['n']} | {c['paper']} | {_tally(claims)} |")
     return "\n".join(lines) + "\n"
 
@@ -111,8 +110,11 @@ PAGES = tuple(sorted({h[-1] for h in HEADLINES} | {SETUP[-1]}))
 
 
 def _measured(c: dict) -> str:
+    """The effect in the paper's direction (positive: the paper's side) with its interval, as the forest plot draws
+    it; else the measured text, cut short."""
     if c.get("interval") and c.get("estimate") is not None:
-        return _effect(c["estimate"], *c["interval"])
+        d, (lo, hi) = c.get("direction") or 1, c["interval"]
+        return _effect(d * c["estimate"], *sorted((d * lo, d * hi)))
     text = str(c.get("measured") or "-").replace("|", "/")
     return text if len(text) <= 60 else text[:59].rsplit(" ", 1)[0] + " …"
 
@@ -120,7 +122,7 @@ def _measured(c: dict) -> str:
 def claims_table(stem: str, metrics: Path = None) -> str:
     """One notebook's claims as a page's table, numbered as in the ledger: the claim, its evidence, what it stands
     on ('as above' where it repeats the row above), the verdict, the effect with its interval (else the measured
-    value) and n."""
+    value) and n; under a compound claim, each part measured by an interval on a row of its own (13a, 13b)."""
     metrics = Path(metrics or config.ROOT / "figures" / "metrics")
     claims = grouped([{"notebook": stem, **c} for c in json.loads((metrics / f"{stem}.json").read_text())["claims"]])
     first = sum(len(json.loads(p.read_text())["claims"]) for p in sorted(metrics.glob("*.json")) if p.stem < stem)
@@ -132,6 +134,10 @@ def claims_table(stem: str, metrics: Path = None) -> str:
         setting, above = ("as above" if setting == above and setting != "-" else setting), setting
         verdict = c["verdict"] + (" (a failed health check)" if c.get("health") else "")
         lines.append(f"| {i} | {c['claim']} | {c['evidence']} | {setting} | {verdict} | {_measured(c)} | {c.get('n') or '-'} |")
+        parts = [p for p in verdicts.expanded([c]) if c.get("parts")]   # a compound claim's parts, with intervals
+        for letter, p in zip("abcdefgh", parts):
+            lines.append(f"| {i}{letter} | part: {p['claim'][len(c['claim']) + 2:]} | | | {p['verdict']} | "
+                         f"{_measured(p)} | |")
     return "\n".join(lines) + "\n"
 
 
