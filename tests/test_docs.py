@@ -56,6 +56,8 @@ def test_a_pages_table_gives_each_effect_in_the_papers_direction():
     row = {"interval": [-0.11573, -0.01427], "estimate": -0.065, "direction": -1}
     assert glance._measured(row) == "+0.065 [+0.014, +0.116]"
     assert glance._measured({**row, "direction": 1}) == "-0.065 [-0.116, -0.014]"
+    auc = {"interval": [0.525102, 0.709447], "estimate": 0.617275, "direction": 1, "null": 0.5}
+    assert glance._measured(auc) == "0.62 [0.53, 0.71]"   # a level against one half, not a difference
 
 
 def test_a_headline_that_names_no_claim_stops_with_one_line(tmp_path, monkeypatch):

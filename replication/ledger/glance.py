@@ -111,7 +111,11 @@ PAGES = tuple(sorted({h[-1] for h in HEADLINES} | {SETUP[-1]}))
 
 def _measured(c: dict) -> str:
     """The effect in the paper's direction (positive: the paper's side) with its interval, as the forest plot draws
-    it; else the measured text, cut short."""
+    it; a level against a null above 0 (an AUC against one half, a ratio against 1) as it is, unsigned; else the
+    measured text, cut short."""
+    if c.get("interval") and c.get("estimate") is not None and (c.get("null") or 0) > 0:
+        lo, hi = c["interval"]
+        return f"{number(c['estimate'])} [{number(lo)}, {number(hi)}]"
     if c.get("interval") and c.get("estimate") is not None:
         d, (lo, hi) = c.get("direction") or 1, c["interval"]
         return _effect(d * c["estimate"], *sorted((d * lo, d * hi)))
