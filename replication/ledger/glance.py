@@ -138,7 +138,7 @@ def claims_table(stem: str, metrics: Path = None) -> str:
         setting, above = ("as above" if setting == above and setting != "-" else setting), setting
         verdict = c["verdict"] + (" (a failed health check)" if c.get("health") else "")
         lines.append(f"| {i} | {c['claim']} | {c['evidence']} | {setting} | {verdict} | {_measured(c)} | {c.get('n') or '-'} |")
-        parts = [p for p in verdicts.expanded([c]) if c.get("parts")]   # a compound claim's parts, with intervals
+        parts = [p for p in verdicts.expanded([c]) if p is not c]   # a compound claim's parts with intervals
         for letter, p in zip("abcdefgh", parts):
             lines.append(f"| {i}{letter} | part: {p['claim'][len(c['claim']) + 2:]} | | | {p['verdict']} | "
                          f"{_measured(p)} | |")
