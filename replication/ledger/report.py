@@ -281,9 +281,13 @@ def ledger_html(claims, verdict_header: str = "verdict") -> str:
     summary = " ".join(f"{badge(f'{n} {v}', VERDICT_COLOURS[v])}" for v, n in counts.items() if n)
 
     def cell(c, k):
-        if k == "verdict":
-            extra = _cell(c, k)[len(c[k]):].lstrip("; ")
-            return badge(c[k], VERDICT_COLOURS.get(c[k], "#444")) + (f"<br><small>{html.escape(extra)}</small>" if extra else "")
+        if k == "verdict":   # the qualifier and the failed checks counted per arm; each failed seed one click away
+            extra = table_cell(c, k)[len(c[k]):].lstrip("; ")
+            if c.get("health"):
+                extra = (f"<details><summary>{html.escape(extra)}</summary>{html.escape(c['health'])}</details>")
+            else:
+                extra = html.escape(extra)
+            return badge(c[k], VERDICT_COLOURS.get(c[k], "#444")) + (f"<br><small>{extra}</small>" if extra else "")
         if k == "evidence":
             return badge(c[k])
         text = _cell(c, k)
