@@ -83,7 +83,7 @@ def _md_cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-LONG_COLUMNS = ("measured", "why")  # paragraphs: short in the table, in full in ledger.md
+LONG_COLUMNS = ("paper", "measured", "why")  # paragraphs: short in the table, in full in ledger.md
 
 
 def claim_anchor(claim: dict, i: int) -> str:
