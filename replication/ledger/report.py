@@ -139,7 +139,7 @@ def write_index(profile: str, folder: Path = NOTEBOOKS, name: str = None) -> Pat
     forest_lines = ([f"![every comparative claim]({next(f for f in plotted if f.endswith('.png'))})", "",
                      "Every comparative claim: estimate, 95% interval, each training seed, the paper's effect where "
                      "comparable, in the paper's direction (right of 0 is the paper's side; "
-                     f"[how to read it](../replication/ledger/forest.py)).", ""] if plotted else [])
+                     f"[how to read it](../docs/statistics.md#reading-the-forest-plot)).", ""] if plotted else [])
     lines = [f"# Figures ({where})", "", *([f"> **{note}**", ""] if note else []),
              f"Written by `python -m replication run --profile {profile}`; do not edit by hand.", "",
              *forest_lines, "## Claims ledger", "",
