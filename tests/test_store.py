@@ -67,6 +67,27 @@ def test_a_rerun_that_changes_nothing_changes_no_file(made):
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
 
 
+def test_a_run_cut_off_is_stored_as_part_of_a_run_and_completed_later(made, capsys):
+    """A run of many hours spans sessions that each start from a fresh clone: what it made goes into the store marked
+    as part of a run, the runner's first lines and the remake check say so, and the finished run's update clears it."""
+    from replication.run import results, runner
+
+    root, source = made["root"], made["source"]
+    man = files.read_json(root / f"{NB}.json")
+    assert man["complete"] is False and not store_update.complete(man)      # the fixture's run wrote no state file
+    assert "part of 00 (a run cut off: the rest): made now" in runner.store_gaps([NB], root)
+    assert results.remake(1, root, [NB], log=print) == []
+    assert "holds part of its run (cut off); nothing re-made" in capsys.readouterr().out
+    state = source.parent / "state" / f"{NB}.json"
+    files.write_json(state, {"stamp": "x"})                               # the runner's mark of a finished execution
+    store_update.update(source, root, log=lambda *_: None)
+    assert store_update.complete(files.read_json(root / f"{NB}.json")) and runner.store_gaps([NB], root) == ""
+    os.utime(state, (1, 1))                                                # an entry newer than the finished execution
+    store_update.update(source, root, log=lambda *_: None)
+    assert not store_update.complete(files.read_json(root / f"{NB}.json"))
+    assert store_update.complete({"entries": {}})                          # manifests from before the mark
+
+
 def test_a_finished_run_without_weights_returns_its_log_and_its_state(made):
     model, _ = models.tiny_model(seed=0)
     model = models.add_lora(model, r=2, alpha=4)

@@ -1,4 +1,4 @@
-"""Writing and checking the results store (core.store): `update` copies a finished run's cache entries in, without
+"""Writing and checking the results store (core.store): `update` copies a run's cache entries in, without
 weights or optimizer states; `verify` checks every entry; `fingerprint` hashes the code a notebook's entries are made
 by; `accept` records it for a change that changes no entry."""
 import ast
@@ -189,9 +189,9 @@ def _normalised(tree) -> str:
 
 
 def update(cache_root, root=None, only=None, log=print, notebooks: Path = None) -> dict:
-    """Copy a finished run's cache entries (`cache_root`: runs/default/cache) into the store: every intact value
-    entry and every finished training run of each notebook, without weights or optimizer states, under the notebook's
-    producer version and fingerprint. An entry already there with the same contents keeps its record (so a rerun
+    """Copy a run's cache entries (`cache_root`: runs/default/cache) into the store: every intact value entry and
+    every finished training run of each notebook, without weights or optimizer states, under the notebook's producer
+    version and fingerprint; a notebook whose execution has not finished is marked incomplete (`finished`). An entry already there with the same contents keeps its record (so a rerun
     that changes nothing changes no file); objects no manifest names are removed. Returns {notebook: counts}."""
     root = Path(root or default_root())
     cache_root = Path(cache_root)
@@ -215,10 +215,12 @@ def update(cache_root, root=None, only=None, log=print, notebooks: Path = None) 
         candidates = [(d, "value") for d in nb_dir.iterdir() if d.is_dir() and d.name != "training"]
         candidates += [(d, "run") for d in (nb_dir / "training").iterdir() if d.is_dir()] \
             if (nb_dir / "training").is_dir() else []
+        intact = []
         for d, kind in sorted(candidates, key=lambda x: x[0].name):
             got = _value_contents(d) if kind == "value" else _run_contents(d)
             if got is None:
                 continue
+            intact.append(d)
             if kind == "value":
                 kind, data, key, seconds, withheld = got
             else:
@@ -239,14 +241,30 @@ def update(cache_root, root=None, only=None, log=print, notebooks: Path = None) 
             c["replaced" if before else "added"] += 1
             c["withheld"] += bool(withheld)
         record = {"notebook": notebook, "format": FORMAT, "version": version(notebook),
-                  "code": fingerprint(notebook, notebooks), "entries": dict(sorted(entries.items()))}
+                  "code": fingerprint(notebook, notebooks),
+                  "complete": finished(nb_dir, intact), "entries": dict(sorted(entries.items()))}
         if record != old:
             files.write_json(manifest_path(root, notebook), record)
         counts[notebook] = c
         log(f"store {notebook}: {c['added']} added, {c['replaced']} replaced, {c['kept']} as they were"
-            + (f" ({c['withheld']} with their weights left out)" if c["withheld"] else ""))
+            + (f" ({c['withheld']} with their weights left out)" if c["withheld"] else "")
+            + ("" if record["complete"] else "; its run has not finished: the store holds part of it"))
     _prune(root)
     return counts
+
+
+def finished(nb_dir: Path, made) -> bool:
+    """Whether the notebook's execution finished after the entries in `made` were written: the runner writes the
+    notebook's state file (runs/<profile>/state/<notebook>.json) when it succeeds. The store of a run cut off part way
+    (a run of many hours that spans sessions, each starting from a fresh clone) keeps what that run made, marked
+    incomplete: the next run reads those entries and makes the rest."""
+    state = nb_dir.parent.parent / "state" / f"{nb_dir.name}.json"
+    return state.is_file() and all(_mtime(d) <= state.stat().st_mtime for d in made)
+
+
+def complete(man: dict) -> bool:
+    """Whether a manifest holds a finished run's entries (manifests written before this mark: yes)."""
+    return man.get("complete", True) is not False
 
 
 def _mtime(d: Path) -> float:

@@ -34,6 +34,9 @@ def remake(n: int, root: Path, only=None, log=print) -> list:
     problems = []
     notebooks = only or [p.stem for p in sorted(root.glob("*.json"))]
     for notebook in notebooks:
+        if not store_update.complete(store.manifest(root, notebook)):
+            log(f"store remake {notebook}: the store holds part of its run (cut off); nothing re-made")
+            continue
         for ident in candidates(root, notebook, n):
             entry = store.manifest(root, notebook)["entries"][ident]
             t0 = time.perf_counter()
@@ -107,7 +110,8 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m replication store", description="The committed results store.")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("update", help="copy a finished default run's cache entries into the store (no weights)")
+    up = sub.add_parser("update", help="copy a default run's cache entries into the store (no weights); a run "
+                       "cut off part way is stored as such, and the next run makes the rest")
     up.add_argument("--from", dest="source", default=None, help="the run's cache folder (default: runs/default/cache)")
     up.add_argument("--only", default=None, help="notebook numbers, e.g. 00,03")
     ve = sub.add_parser("verify", help="check every entry's checksum and key; --remake N re-makes entries and compares")
@@ -139,6 +143,11 @@ def main(argv=None) -> int:
             s = store.summary(args.store)
             print(f"{s['root']}: {s['entries']} entries, {store.size_text(s['bytes'])}, last changed by "
                   f"{s['commit'] or '(not in git)'} {s['date'] or ''}")
+            root = Path(args.store or store.default_root())
+            for notebook in config.list_notebooks():
+                man = store.manifest(root, notebook)
+                state = "part of a run (cut off)" if not store_update.complete(man) else "a finished run"
+                print(f"  {notebook}: {len(man['entries'])} entries" + (f", {state}" if man["entries"] else ""))
     except (store.StoreError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

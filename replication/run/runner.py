@@ -13,7 +13,7 @@ from pathlib import Path
 
 import nbformat
 
-from replication.core import config, console, files, offline, params, store
+from replication.core import config, console, files, offline, params, store, store_update
 from replication.core.config import BF16_FLAGS, NOTEBOOKS, Paths, cpu_bf16, list_notebooks  # noqa: F401
 from replication.ledger import compare, digests, provenance, report as report_mod
 from . import settings  # noqa: F401  (registers the notebooks' parameter classes, for --set checks)
@@ -308,13 +308,17 @@ def checkout(folder) -> None:
 
 
 def store_gaps(stems, root) -> str:
-    """A line naming the notebooks of `stems` of which the store at `root` holds nothing (they are made now, which
-    takes CPU hours for a training notebook), and how to read only the store; "" when it holds something of each."""
+    """A line naming the notebooks of `stems` of which the store at `root` holds nothing or part of a run cut off
+    (what it lacks is made now, which takes CPU hours for a training notebook), and how to read only the store; ""
+    when it holds a finished run of each."""
     empty = [s for s in stems if not store.manifest(root, s)["entries"]]
-    if not empty:
+    part = [s for s in stems if s not in empty and not store_update.complete(store.manifest(root, s))]
+    if not empty and not part:
         return ""
-    held = [s[:2] for s in stems if s not in empty]
-    return (f"the store holds nothing of {', '.join(s[:2] for s in empty)}: made now (hours on 2 cores: README)"
+    held = [s[:2] for s in stems if s not in empty + part]
+    what = [f"the store holds nothing of {', '.join(s[:2] for s in empty)}"] if empty else []
+    what += [f"part of {', '.join(s[:2] for s in part)} (a run cut off: the rest)"] if part else []
+    return (f"{'; '.join(what)}: made now (hours on 2 cores: README)"
             + (f"; `--only {','.join(held)}` reads only the store" if held else ""))
 
 
