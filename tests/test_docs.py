@@ -46,7 +46,7 @@ def test_a_pages_table_shows_each_part_of_a_compound_claim_with_its_own_interval
     for name, part in compound["parts"].items():
         row = next(r for r in rows if f"| part: {name} |" in r)
         assert part["verdict"] in row and f"{part['interval'][0]:+.3f}" in row, row
-    number = next(line for line in table.splitlines() if f"| {compound['claim']} |" in line).split("|")[1].strip()
+    number = next(line for line in table.splitlines() if f"| [{compound['claim']}](" in line).split("|")[1].strip()
     assert sum(r.split("|")[1].strip().startswith(number) for r in rows) == len(compound["parts"])
 
 

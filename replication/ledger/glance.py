@@ -9,13 +9,14 @@ one line, so a renamed claim cannot leave a stale row. A paper's page may hold a
 way, between `<!-- claims of <notebook> ... -->` and `<!-- end of claims -->` (`claims_table`).
 """
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
 from replication.core import config, verdicts
 from replication.core.fmt import number
-from .table import grouped
+from .table import claim_anchor, grouped
 
 BEGIN = "<!-- results at a glance: made by `python -m replication glance` from figures/metrics; do not edit -->"
 END = "<!-- end of results at a glance -->"
@@ -123,21 +124,25 @@ def _measured(c: dict) -> str:
     return text if len(text) <= 60 else text[:59].rsplit(" ", 1)[0] + " …"
 
 
-def claims_table(stem: str, metrics: Path = None) -> str:
-    """One notebook's claims as a page's table, numbered as in the ledger: the claim, its evidence, what it stands
-    on ('as above' where it repeats the row above), the verdict, the effect with its interval (else the measured
-    value) and n; under a compound claim, each part measured by an interval on a row of its own (13a, 13b)."""
+def claims_table(stem: str, metrics: Path = None, page: str = "README.md") -> str:
+    """One notebook's claims as a page's table, numbered in the ledger's order (its rows across all notebooks), each
+    claim linked to its full entry in figures/ledger.md (`page`: the page's path in the repository, for the link):
+    the claim, its evidence, what it stands on ('as above' where it repeats the row above), the verdict, the effect
+    with its interval (else the measured value) and n; under a compound claim, each part measured by an interval on
+    a row of its own (13a, 13b)."""
     metrics = Path(metrics or config.ROOT / "figures" / "metrics")
     claims = grouped([{"notebook": stem, **c} for c in json.loads((metrics / f"{stem}.json").read_text())["claims"]])
     first = sum(len(json.loads(p.read_text())["claims"]) for p in sorted(metrics.glob("*.json")) if p.stem < stem)
     lines = ["| # | claim | evidence | task; judge | verdict | measured: effect [95% interval] | n |",
              "|---|---|---|---|---|---|---|"]
     above = None
-    for i, c in enumerate(claims, first + 1):   # numbered as in the ledger, from 1
+    ledger = os.path.relpath("figures/ledger.md", start=os.path.dirname(page) or ".")
+    for i, c in enumerate(claims, first + 1):   # the ledger's order, from 1; its anchors count from 0
+        claim = f"[{c['claim']}]({ledger}#{claim_anchor(c, i - 1)})"
         setting = "; ".join(x for x in (c.get("task"), c.get("judge")) if x) or "-"
         setting, above = ("as above" if setting == above and setting != "-" else setting), setting
         verdict = c["verdict"] + (" (a failed health check)" if c.get("health") else "")
-        lines.append(f"| {i} | {c['claim']} | {c['evidence']} | {setting} | {verdict} | {_measured(c)} | {c.get('n') or '-'} |")
+        lines.append(f"| {i} | {claim} | {c['evidence']} | {setting} | {verdict} | {_measured(c)} | {c.get('n') or '-'} |")
         parts = [p for p in verdicts.expanded([c]) if p is not c]   # a compound claim's parts with intervals
         for letter, p in zip("abcdefgh", parts):
             lines.append(f"| {i}{letter} | part: {p['claim'][len(c['claim']) + 2:]} | | | {p['verdict']} | "
@@ -145,12 +150,12 @@ def claims_table(stem: str, metrics: Path = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def page_replaced(text: str, metrics: Path = None) -> str:
-    """A page with each of its notebook claim blocks made again from the metrics."""
+def page_replaced(text: str, metrics: Path = None, page: str = "README.md") -> str:
+    """A page (at `page` in the repository) with each of its notebook claim blocks made again from the metrics."""
     for stem in re.findall(r"<!-- claims of (\d\d_\w+):", text):
         head, rest = text.split(PAGE_BEGIN.format(stem=stem), 1)
         _, tail = rest.split(PAGE_END, 1)
-        text = f"{head}{PAGE_BEGIN.format(stem=stem)}\n{claims_table(stem, metrics)}{PAGE_END}{tail}"
+        text = f"{head}{PAGE_BEGIN.format(stem=stem)}\n{claims_table(stem, metrics, page)}{PAGE_END}{tail}"
     return text
 
 
@@ -171,7 +176,7 @@ def main(argv) -> int:
         path = config.ROOT / name
         try:
             text = path.read_text()
-            new = replaced(text, table()) if name == "README.md" else page_replaced(text)
+            new = replaced(text, table()) if name == "README.md" else page_replaced(text, page=name)
         except (ValueError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
