@@ -147,7 +147,8 @@ def main(argv=None) -> int:
             for notebook in config.list_notebooks():
                 man = store.manifest(root, notebook)
                 state = "part of a run (cut off)" if not store_update.complete(man) else "a finished run"
-                print(f"  {notebook}: {len(man['entries'])} entries" + (f", {state}" if man["entries"] else ""))
+                n = len(man["entries"])
+                print(f"  {notebook}: {n} entr{'y' if n == 1 else 'ies'}" + (f", {state}" if n else ""))
     except (store.StoreError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
