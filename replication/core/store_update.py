@@ -191,8 +191,9 @@ def _normalised(tree) -> str:
 def update(cache_root, root=None, only=None, log=print, notebooks: Path = None) -> dict:
     """Copy a run's cache entries (`cache_root`: runs/default/cache) into the store: every intact value entry and
     every finished training run of each notebook, without weights or optimizer states, under the notebook's producer
-    version and fingerprint; a notebook whose execution has not finished is marked incomplete (`finished`). An entry already there with the same contents keeps its record (so a rerun
-    that changes nothing changes no file); objects no manifest names are removed. Returns {notebook: counts}."""
+    version and fingerprint; a notebook whose execution has not finished is marked incomplete (`finished`). An entry
+    already there with the same contents keeps its record (so a rerun that changes nothing changes no file); objects
+    no manifest names are removed. Returns {notebook: counts}."""
     root = Path(root or default_root())
     cache_root = Path(cache_root)
     if not cache_root.is_dir():
@@ -256,8 +257,7 @@ def update(cache_root, root=None, only=None, log=print, notebooks: Path = None) 
 def finished(nb_dir: Path, made) -> bool:
     """Whether the notebook's execution finished after the entries in `made` were written: the runner writes the
     notebook's state file (runs/<profile>/state/<notebook>.json) when it succeeds. The store of a run cut off part way
-    (a run of many hours that spans sessions, each starting from a fresh clone) keeps what that run made, marked
-    incomplete: the next run reads those entries and makes the rest."""
+    keeps what that run made, marked incomplete: the next run, in any clone, reads those entries and makes the rest."""
     state = nb_dir.parent.parent / "state" / f"{nb_dir.name}.json"
     return state.is_file() and all(_mtime(d) <= state.stat().st_mtime for d in made)
 
