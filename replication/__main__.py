@@ -1,4 +1,5 @@
 """Command line: `python -m replication {run,report,compare,seeds,store,glance,install-model,bench,train} ...`."""
+import os
 import subprocess
 import sys
 
@@ -135,5 +136,14 @@ def dispatch(argv) -> int:
     return 2
 
 
+def _entry() -> int:
+    """main(), quiet when the reader closes the pipe early (`python -m replication store info | head`)."""
+    try:
+        return main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's own exit flush: nowhere to go
+        return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_entry())

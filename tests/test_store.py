@@ -394,3 +394,21 @@ def test_the_keys_the_notebooks_build_from_their_defaults_name_stored_entries():
                       ("judge-base-prefill", keys.judge), ("judge-base-free", keys.probe),
                       ("questions-base", keys.corpus(heldout[:P.n_question_problems]))):
         assert stored("06_multi_agent_evolve", name, key), name
+
+
+def test_store_info_into_a_pipe_closed_early_ends_quietly():
+    """`python -m replication store info | head -1`: the reader closes the pipe; no traceback on stderr."""
+    import subprocess
+    import sys
+
+    from replication.core import config
+
+    proc = subprocess.Popen([sys.executable, "-m", "replication", "store", "info"], cwd=config.ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(config.ROOT), "OMP_NUM_THREADS": "1"})
+    first = proc.stdout.readline()
+    proc.stdout.close()                     # as `head -1` does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert first.startswith(b"/") or b"entries" in first
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
