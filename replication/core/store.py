@@ -7,14 +7,15 @@ The store keeps a copy of each, without model weights or optimizer states, under
     results/default/<notebook>.json      the notebook's manifest: its producer version and code fingerprint, and
                                          each entry by its cache id (<name>-<hash of key>, training/<name>-<hash>):
                                          kind, key, sha256, sizes, seconds it took to make, and what made it
-                                         (commit, date, torch, CPU bf16 instruction sets, device)
+                                         (commit, date, torch, CPU bf16 instruction sets, bf16 kernels, machine)
     results/default/objects/ab/<sha256>.gz   the entries' contents, gzip-compressed, named by their sha256
 
 A cache lookup that misses in the run folder asks the store (`fetch_value`, `fetch_run`) when the store is active
 (`activate`: the default profile, unless --retrain); an intact entry made by the notebook's current producer
 version is copied into the run folder's cache and read from there as any cached entry, marked as from the store.
 A damaged or stale entry is never read: one line says why and the entry is made again. Writes go only to the run
-folder; the store changes only through `update` (python -m replication store update).
+folder; the store changes only through `update` (python -m replication store update) and `accept` (a manifest's
+fingerprint).
 
 Contents are plain data (JSON text; no pickles): a value entry's value.json bytes as the cache wrote them; a
 training run's files (config, log, done and copied markers) and the loop state after each kept checkpoint; a cache
