@@ -269,11 +269,12 @@ def test_generate_accepts_derived_seeds():
 
 
 def test_construction_holds_on_the_hand_tree_and_fails_off_it():
-    tree = hand_tree()
-    assert malt.construction_holds(tree, 3, 27, 0.5)
-    assert not malt.construction_holds(tree, 3, 26, 0.5)      # the paper's own arithmetic: 3^3 = 27
-    assert not malt.construction_holds(tree, 3, 27, 0.4)      # a different threshold than the one labels use
-    assert not malt.construction_holds({**tree, "r": tree["r"][:-1]}, 3, 27, 0.5)
+    tree = hand_tree()                                         # n = 2
+    assert malt.construction_holds(tree, 2, 8, 0.5)
+    assert not malt.construction_holds(tree, 3, 27, 0.5)      # the paper samples 3 per role, this tree 2
+    assert not malt.construction_holds(tree, 2, 9, 0.5)       # the paper's own arithmetic: 2^3 = 8
+    assert not malt.construction_holds(tree, 2, 8, 0.4)       # a different threshold than the one labels use
+    assert not malt.construction_holds({**tree, "r": tree["r"][:-1]}, 2, 8, 0.5)
 
 
 def chains(question, outcomes, answer=5):

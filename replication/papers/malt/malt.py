@@ -259,11 +259,11 @@ def run_chains(model, tok, problems, k=1, trained=False, tokens=(48, 32, 48), te
 
 
 def construction_holds(tree, paper_n, paper_leaves, paper_threshold) -> bool:
-    """The paper's tree arithmetic on this implementation: n samples per role give n^3 leaves per question
-    (and the paper's n^3 is its number of trajectories), the sampled tree has every node, and a node is
-    positive exactly when its value is strictly above the paper's threshold."""
+    """The paper's tree arithmetic on this implementation: the tree samples the paper's n per role, n samples per
+    role give n^3 leaves per question (and the paper's n^3 is its number of trajectories), the sampled tree has
+    every node, and a node is positive exactly when its value is strictly above the paper's threshold."""
     n, q, t = tree["n"], len(tree["questions"]), float(paper_threshold)
     sizes = [len(tree["g"]), len(tree["v"]), len(tree["r"]), len(tree["reward"])]
-    return bool(int(paper_n) ** 3 == int(paper_leaves) and sizes == [q * n, q * n**2, q * n**3, q * n**3]
+    return bool(n == int(paper_n) and int(paper_n) ** 3 == int(paper_leaves) and sizes == [q * n, q * n**2, q * n**3, q * n**3]
                 and rewards(tree).shape == (q, n, n, n) and THRESHOLD == t
                 and binarise([t, np.nextafter(t, 1.0)]).tolist() == [False, True])
