@@ -1,8 +1,8 @@
 """Elo for Elo-Evolve: expected score, the policy's batch update, temperature-based opponent sampling,
 rating fits to round-robin win rates, and the learning model of notebook 02 with its summaries.
 
-Opponent ratings stay fixed; only the policy's rating moves. Sampling is per sample:
-p(M_k | pi) is proportional to exp(-|R(pi) - R(M_k)| / T).
+Opponent ratings stay fixed; only the policy's rating moves. One opponent is drawn per prompt (shared by its
+G samples): p(M_k | pi) is proportional to exp(-|R(pi) - R(M_k)| / T).
 """
 import numpy as np
 
