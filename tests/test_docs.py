@@ -147,3 +147,17 @@ def test_a_pages_hand_written_claim_table_reads_as_its_committed_metrics(page):
             assert len(ends) == 2, (page.parent.name, k, measured)
             for (printed, tol), true in zip(ends, c["interval"]):
                 assert abs(printed - true) <= tol + 1e-9, (page.parent.name, k, measured, c["interval"])
+
+
+ROW_REF = re.compile(r"\b[Rr]ows? (\d+[a-z]?(?:(?:, | and |-)\d+[a-z]?)*)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.parent.name)
+def test_a_pages_prose_cites_only_rows_its_tables_number(page):
+    """A "row 12" or "rows 3 and 5" in a page's prose names a row of that page's own claim table: the generated tables
+    number rows as the ledger does, so a row number written when the table was numbered otherwise fails here."""
+    lines = page.read_text().splitlines()
+    numbered = {m.group(1) for line in lines if (m := re.match(r"\|\s*(\d+[a-z]?)\s*\|", line))}
+    cited = {n for line in lines if not line.lstrip().startswith("|")
+             for m in ROW_REF.finditer(line) for n in re.split(r", | and |-", m.group(1))}
+    assert cited <= numbered, f"{page.parent.name}: prose cites row(s) {sorted(cited - numbered)} its tables do not number"
