@@ -264,6 +264,6 @@ def construction_holds(tree, paper_n, paper_leaves, paper_threshold) -> bool:
     every node, and a node is positive exactly when its value is strictly above the paper's threshold."""
     n, q, t = tree["n"], len(tree["questions"]), float(paper_threshold)
     sizes = [len(tree["g"]), len(tree["v"]), len(tree["r"]), len(tree["reward"])]
-    return bool(n == int(paper_n) and int(paper_n) ** 3 == int(paper_leaves) and sizes == [q * n, q * n**2, q * n**3, q * n**3]
-                and rewards(tree).shape == (q, n, n, n) and THRESHOLD == t
-                and binarise([t, np.nextafter(t, 1.0)]).tolist() == [False, True])
+    return bool(n == int(paper_n) and int(paper_n) ** 3 == int(paper_leaves)
+                and sizes == [q * n, q * n**2, q * n**3, q * n**3] and rewards(tree).shape == (q, n, n, n)
+                and THRESHOLD == t and binarise([t, np.nextafter(t, 1.0)]).tolist() == [False, True])
