@@ -360,6 +360,17 @@ def test_debiasing_effect_and_per_question_table():
     assert effect["clipped_share"] == pytest.approx(float((R["mean"] < R["base_mean"]).mean()))
 
 
+def test_debiasing_correlations_take_the_draw_as_the_unit():
+    a, b = quality_table(seed=0), quality_table(seed=1)
+    R = drawn([a, b])
+    effect = reward_quality.debiasing_effect(R, reward_quality.per_question(R), n_boot=200, seed=0)
+    per = [float(np.corrcoef(t["mean"], t.correct)[0, 1]) for t in (a, b)]
+    r = effect["corr_r_correct"]
+    assert r["per_draw"] == pytest.approx(per) and r["r"] == pytest.approx(np.mean(per))
+    want = reward_quality.over_draws(reward_quality.pearson, R, ("mean", "correct"), n_boot=200, seed=0)
+    assert r["ci95"] == pytest.approx(want["ci95"]) and r["n"] == "2 draws x 12 questions (96 replies)"
+
+
 # ---- the std filter ----
 
 def test_std_filter_against_a_hand_worked_sequence():

@@ -210,7 +210,8 @@ def spread_difference(table: pd.DataFrame, a: str, b: str, n_boot: int = 1000, s
     questions, per draw, and its mean over the draws with the two-level interval; also each one's mean spread."""
     q = by_question(table, [a, b]).dropna(subset=[f"{a} std", f"{b} std"])
     out = over_draws(lambda x, z: float(np.mean(x - z)), q, (f"{a} std", f"{b} std"), n_boot, seed)
-    out["n"] = f"{q['draw'].nunique()} draw(s) x {q['qid'].nunique()} questions ({int(q['replies'].sum())} replies)"
+    k = q['draw'].nunique()
+    out["n"] = f"{k} draw{'s' if k != 1 else ''} x {q['qid'].nunique()} questions ({int(q['replies'].sum())} replies)"
     return out | {"spread": {c: float(q[f"{c} std"].mean()) for c in (a, b)}}
 
 
@@ -299,11 +300,19 @@ def per_question(table: pd.DataFrame) -> pd.DataFrame:
                                     accuracy=("correct", "mean")).sort_values("r_prime")
 
 
-def debiasing_effect(table: pd.DataFrame, questions: pd.DataFrame) -> dict:
-    """Correlations of r and r_hat with correctness over replies, of r' with each question's accuracy, the
-    spread of r' and the share of replies where the clip binds (r < r')."""
-    return {"corr_r_correct": correlation(table["mean"], table["correct"]),
-            "corr_rhat_correct": correlation(table["mean_debiased"], table["correct"]),
+def pearson(x, y) -> float:
+    """Pearson r of two columns; nan when either is constant or fewer than 3 values."""
+    return correlation(x, y)["r"]
+
+
+def debiasing_effect(table: pd.DataFrame, questions: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Correlations of r and r_hat with correctness over replies (each draw's, then their mean with the two-level
+    interval of over_draws: draws, then whole questions; the draw is the unit), of r' with each question's accuracy
+    (over questions), the spread of r' and the share of replies where the clip binds (r < r')."""
+    over = {f"corr_{name}_correct": over_draws(pearson, table, (col, "correct"), n_boot=n_boot, seed=seed)
+            for name, col in (("r", "mean"), ("rhat", "mean_debiased"))}
+    return {**{k: {"r": d["estimate"], "ci95": d["ci95"], "per_draw": d["per_draw"], "n": d["n"]}
+               for k, d in over.items()},
             "corr_rprime_question_accuracy": correlation(questions["r_prime"], questions["accuracy"]),
             "r_prime_mean": float(questions["r_prime"].mean()),
             "r_prime_range": [float(questions["r_prime"].min()), float(questions["r_prime"].max())],
