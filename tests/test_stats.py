@@ -64,6 +64,11 @@ def test_fmt_diff():
     assert fmt.diff((0.031, -0.012, 0.075)) == "+0.031 [-0.012, +0.075]"
 
 
+def test_fmt_count_takes_the_number_of_its_count():
+    assert [fmt.count(n, "training seed") for n in (1, 5)] == ["1 training seed", "5 training seeds"]
+    assert fmt.count(0, "draw") == "0 draws"
+
+
 # ---- AUC -----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -49,6 +49,11 @@ def accuracy(v: dict, digits: int = 1, percent_bounds: bool = False) -> str:
     return f"{100 * v['accuracy']:.{digits}f}% [{lo}, {hi}]"
 
 
+def count(n: int, noun: str) -> str:
+    """'1 seed', '3 seeds': a count with its noun in the number it takes (regular plurals only)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def short_claim(claim: str) -> str:
     """A claim without its bracketed task-and-judge qualifiers ("... [2d sums; judge: ...]"), which the ledger keeps:
     the row label keeps the claim itself."""
