@@ -1,13 +1,17 @@
 """Elo-Evolve's curriculum where it can show (notebook 02, section (k)): a graded judge's win probability depends on
 the opponent while the quality judge's learning signal does not, the noise ratio measured on right/wrong pairs, the
-mixed-outcome share per group, per step and between two arms paired by seed and step."""
+mixed-outcome share per group, per step and between two arms paired by seed and step, and the pool's judging made
+once and read back."""
+import functools
+
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as sps
 
+from replication.core import cache
 from replication.lm import tasks
-from replication.papers.elo_evolve import curriculum, judging
+from replication.papers.elo_evolve import curriculum, evolve, evolve_runs, judging
 
 Q = "What is 3 + 4?"
 RIGHT, RIGHT_PLAIN, WRONG, WRONG_ODD = ("So 3 + 4 = 7. The answer is 7.", "The answer is 7.", "The answer is 8.",
@@ -94,3 +98,22 @@ def test_the_mixed_share_difference_pairs_seeds_and_steps_inside_its_range():
     with pytest.raises(ValueError, match="seeds"):
         curriculum.mixed_difference(a, b[:1])
 
+
+
+def test_the_pools_judging_is_made_once_then_read_and_rates_the_pool_as_judging_now(tmp_path):
+    scores = {RIGHT: -0.2, WRONG: -0.5, RIGHT_PLAIN: -0.9, WRONG_ODD: -2.0}
+    players = {"a": [RIGHT, RIGHT_PLAIN, WRONG], "b": [WRONG, WRONG_ODD, WRONG_ODD], "c": [RIGHT_PLAIN, RIGHT, RIGHT],
+               evolve.START_PLAYER: [WRONG, RIGHT, RIGHT_PLAIN]}
+    probs, settings = problems(3), {"kind": "likelihood", "seed": 0, "model": "m"}
+    cached = functools.partial(cache.cached, tmp_path, log=None)
+    unloaded = judging.LikelihoodJudge(None, None)   # no model: any reply it had to score would raise
+    made = evolve_runs.judged_pool(graded(scores), settings, probs, players, cached)
+    read = evolve_runs.judged_pool(unloaded, settings, probs, players, cached)
+    assert read == made and len(list(tmp_path.glob("evolve_judged_pool-*"))) == 1
+    now = evolve_runs.rate_pool(graded(scores), probs, players, ["a", "b", "c"], 1000.0, "middle")
+    later = evolve_runs.rate_pool(unloaded, probs, players, ["a", "b", "c"], 1000.0, "middle", read)
+    assert np.array_equal(later["wins"], now["wins"]) and np.array_equal(later["ratings"], now["ratings"])
+    assert later["judge_check"] == now["judge_check"] and later["static_opponent"] == now["static_opponent"]
+    assert read["noise"] == judging.pair_noise_ratio(graded(scores), probs, players)
+    with pytest.raises(Exception):   # another pool is another entry: judged now, by the model it lacks
+        evolve_runs.judged_pool(unloaded, settings, probs, {**players, "b": [WRONG] * 3}, cached)

@@ -10,7 +10,9 @@ import functools
 import time
 from dataclasses import replace
 
-from replication.core import cache, config, paper
+import numpy as np
+
+from replication.core import cache, config, files, paper
 from replication.lm import elo, grpo, models, parallel
 from . import evolve, evolve_eval, judging
 
@@ -50,18 +52,37 @@ def regimes(params, static_opponent: str, start: float) -> dict:
                           prompts_per_step=P.prompts_per_step, length_margin=P.length_margin, seed=P.seed)
 
 
-def rate_pool(judge, problems, responses: dict, opponents, start: float, static_rule: str) -> dict:
+def judged_pool(judge, settings: dict, problems, responses: dict, cached) -> dict:
+    """What a judge says of the opponent pool, made once per key and read from the cache (`cached`, e.g. run.cached;
+    entry `evolve_judged_pool`, keyed by the judge's settings, the problems and a digest of the pool's replies):
+    the round robin of every player (evolve.win_matrix, as lists), the judge's accuracy on right/wrong pairs
+    (evolve_eval.judge_accuracy) and its noise ratio (judging.pair_noise_ratio with the settings' seed), in that
+    order, as rate_pool scores them. settings: JSON values naming the judge (judging.make_judge's arguments and
+    the model that judges)."""
+    key = {**settings, "problems": [p.id for p in problems], "pool": files.digest(responses)}
+    return cached("evolve_judged_pool", key, lambda: {
+        "wins": evolve.win_matrix(judge, problems, responses).tolist(),
+        "judge_check": evolve_eval.judge_accuracy(judge, problems, responses),
+        "noise": judging.pair_noise_ratio(judge, problems, responses, seed=settings.get("seed", 0))})
+
+
+def rate_pool(judge, problems, responses: dict, opponents, start: float, static_rule: str,
+              judged: dict = None) -> dict:
     """The opponent pool rated under one judge: the judge's accuracy on right/wrong pairs (evolve_eval.judge_accuracy),
     the round robin of every player (evolve.win_matrix), Elo ratings fitted to it with the policy at the start
     anchored at `start` (elo.fit_ratings), the opponents' names, replies and ratings, and the static arm's opponent
     by `static_rule` (evolve_eval.static_choice), fixed before any training; `opponents` (evolve.Opponents) is what
-    training reads."""
+    training reads. judged: judged_pool's round robin and accuracy, when they are made (or cached) already."""
     players = list(responses)
-    wins = evolve.win_matrix(judge, problems, responses)
+    if judged is None:
+        wins = evolve.win_matrix(judge, problems, responses)
+        check = evolve_eval.judge_accuracy(judge, problems, responses)
+    else:
+        wins, check = np.array(judged["wins"], float), judged["judge_check"]
     fitted = elo.fit_ratings(wins, anchor=players.index(evolve.START_PLAYER), anchor_rating=start)
     names = list(opponents)
     ratings, pool = fitted[:len(names)], {n: responses[n] for n in names}
-    return {"judge_check": evolve_eval.judge_accuracy(judge, problems, responses), "wins": wins, "players": players,
+    return {"judge_check": check, "wins": wins, "players": players,
             "fitted": fitted, "names": names, "pool": pool, "ratings": ratings,
             "opponents": evolve.Opponents(pool, tuple(float(r) for r in ratings)),
             "static_opponent": evolve_eval.static_choice(names, ratings, static_rule, start)}
