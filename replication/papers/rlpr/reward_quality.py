@@ -210,8 +210,8 @@ def spread_difference(table: pd.DataFrame, a: str, b: str, n_boot: int = 1000, s
     questions, per draw, and its mean over the draws with the two-level interval; also each one's mean spread."""
     q = by_question(table, [a, b]).dropna(subset=[f"{a} std", f"{b} std"])
     out = over_draws(lambda x, z: float(np.mean(x - z)), q, (f"{a} std", f"{b} std"), n_boot, seed)
-    k = q['draw'].nunique()
-    out["n"] = f"{k} draw{'s' if k != 1 else ''} x {q['qid'].nunique()} questions ({int(q['replies'].sum())} replies)"
+    out["n"] = (f"{fmt.count(q['draw'].nunique(), 'draw')} x {q['qid'].nunique()} questions "
+                f"({int(q['replies'].sum())} replies)")
     return out | {"spread": {c: float(q[f"{c} std"].mean()) for c in (a, b)}}
 
 
