@@ -115,6 +115,34 @@ def test_committed_claims_are_short_sentences_with_their_setting_in_columns():
         pytest.skip(f"committed metrics made before the task/judge fields (re-executed from the store next): {older}")
 
 
+def test_a_row_passes_the_papers_effect_or_says_why_not(runs):
+    """effect= passes the paper's effect to the rule; effect_why= says in a few words why it is not passed (another
+    scale, no number); never both; ledger.md gives each row with an interval a line on it."""
+    from replication.ledger import table as ledger
+
+    run = workbook.start("07_example", profile="smoke", seed=0)
+    with pytest.raises(ValueError, match="effect_why"):
+        run.claim("debate beats naive", "+0.28", "m", "real model", "why", interval=[0.05, 0.17], effect=0.28,
+                  effect_why="another scale")
+    short = run.claim("debate beats naive", "+0.28", "m", "real model", "why", interval=[0.05, 0.17], effect=0.28)
+    other = run.claim("RLPR beats RLVR", "+7.6 points on 7B benchmarks", "m", "real model", "why",
+                      interval=[-0.1, 0.2], effect_why="the paper's points are 7B benchmark accuracy: another scale")
+    assert (short["verdict"], short["effect_why"], other["effect"]) == ("partly", None, None)
+    text = ledger.ledger_md([{**c, "notebook": "07_example"} for c in run.claims], "smoke")
+    assert "- **paper's effect**: +0.28, passed to the rule" in text
+    assert "- **paper's effect**: not passed: the paper's points are 7B benchmark accuracy: another scale" in text
+
+
+def test_every_committed_real_model_row_passes_the_papers_effect_or_says_why():
+    """Every committed real-model row with an interval passes the paper's effect to the rule or says why not
+    (`effect_why`), so a row never reads as a full success on a direction alone without saying so."""
+    missing = [(path.stem, c["claim"]) for path in sorted((config.ROOT / "figures/metrics").glob("*.json"))
+               for c in json.loads(path.read_text())["claims"]
+               if c["evidence"] == "real model" and c.get("interval") is not None
+               and c.get("effect") is None and not c.get("effect_why")]
+    assert not missing, missing
+
+
 def test_committed_intervals_stay_inside_what_their_quantities_can_be():
     """Every committed claim made by today's run.claim (its record has `bounds`): an interval with bounds lies inside
     them, and every accuracy written in percent with its interval ('26.0% [-6.9, 58.9]') has its ends in 0-100;

@@ -101,6 +101,16 @@ def _part_line(p: dict, cut: int) -> str:
     return text + (f"; a rerun reads: {r}" if (r := seeds.rerun(p)) else "")
 
 
+def paper_effect(claim: dict):
+    """ledger.md's line on the paper's effect for a row with an interval: its size where it was passed to the rule,
+    else why it was not (`effect_why`); None for a row without an interval or without either."""
+    if claim.get("interval") is None:
+        return None
+    if claim.get("effect") is not None:
+        return f"{claim['effect']:+.3g}, passed to the rule (an interval short of it reads partly)"
+    return f"not passed: {claim['effect_why']}" if claim.get("effect_why") else None
+
+
 def ledger_md(claims, profile: str) -> str:
     """ledger.md: every claim in full (all fields, the long paragraphs too), one entry per claim under its anchor."""
     out = [f"# Claims ledger in full ({profile} profile)", "",
@@ -108,6 +118,8 @@ def ledger_md(claims, profile: str) -> str:
     for i, c in enumerate(claims):
         out += [f'<a id="{claim_anchor(c, i)}"></a>', f"### {c['notebook'][:2]}. {c['claim']}", "",
                 *[f"- **{k}**: {_md_cell(_cell(c, k))}" for k in LEDGER_COLUMNS[2:] if k != "rerun"]]
+        if (effect := paper_effect(c)) is not None:
+            out.append(f"- **paper's effect**: {_md_cell(effect)}")
         if c.get("seed_differences") and not c.get("parts"):
             out.append("- **per seed**: " + ", ".join(f"{x:+.3f}" for x in c["seed_differences"]))
         out += [_part_line(p, len(c["claim"])) for p in (verdicts.expanded([c]) if c.get("parts") else [])]

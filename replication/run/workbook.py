@@ -76,7 +76,7 @@ class Run:
               direction: int = +1, null: float = 0.0, effect: float = None, estimate: float = None,
               seed_differences=None, health: str = None, unit: str = "seed", question_variance: float = None,
               matches=None, holds: bool = None, parts: dict = None, not_tested: str = None, task: str = None,
-              judge: str = None, model: str = None) -> dict:
+              judge: str = None, model: str = None, effect_why: str = None) -> dict:
         """Add one row to the claims ledger: the paper's number beside ours, the evidence behind it, and the
         verdict from the one rule (replication.core.verdicts): an interval decides alone, unless matches=(measured,
         paper, tolerance) or parts={...} is given too, which then decides (the interval is shown beside it); without an
@@ -87,7 +87,9 @@ class Run:
         health check reported beside the verdict, and the interval's question part (`question_variance`, recorded
         for `python -m replication seeds`; read from the interval itself when it is a stats.Interval). n: a count, or a text such as '3 seeds x 200 questions'.
         `claim` is a plain sentence of at most CLAIM_LIMIT characters; what it was measured on goes in `task` and
-        `judge` (the ledger's own columns) and `model` (a real-model claim's default: the notebook's `model`)."""
+        `judge` (the ledger's own columns) and `model` (a real-model claim's default: the notebook's `model`).
+        effect: the paper's effect on this row's scale, passed to the rule; where the paper's number is on another scale
+        or there is none, `effect_why` says so in a few words (a real-model row with an interval gives one of the two)."""
         config.check_choice("evidence", evidence, verdicts.EVIDENCE)
         if len(claim) > CLAIM_LIMIT:
             raise ValueError(f"claim: at most {CLAIM_LIMIT} characters, a plain sentence (task=, judge= and model= "
@@ -98,6 +100,8 @@ class Run:
                  if v is not None}
         if interval is not None and ("holds" in basis or "not_tested" in basis):
             raise ValueError("an interval decides the verdict by itself; drop holds= / not_tested=")
+        if effect is not None and effect_why is not None:
+            raise ValueError("effect_why: says why the paper's effect is not passed; drop it when effect= is given")
         if seed_differences is not None and interval is None:
             raise ValueError("seed_differences= belongs to a training comparison; give its interval= too")
         if basis:
@@ -123,6 +127,7 @@ class Run:
                "interval": interval, "bounds": None if bounds is None else list(bounds), "n": None if n is None else (n if isinstance(n, str) else int(n)), "why": why,
                "qualifier": verdicts.qualifier(seed_differences, unit, direction, null), "health": health or None,
                "estimate": r6(estimate), "direction": direction, "null": null, "effect": r6(effect),
+               "effect_why": effect_why,
                "seed_differences": None if seed_differences is None else [r6(x) for x in seed_differences],
                "question_variance": None if question_variance is None else float(f"{float(question_variance):.6g}")}
         if parts and any(isinstance(v, dict) for v in parts.values()):   # parts measured by intervals (verdicts.part)
